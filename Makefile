@@ -1,0 +1,33 @@
+# Both targets work from a fresh clone with nothing but Python 3.11.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean sweep
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+# torch first, pinned to the CPU build on local disk, only when none is importable;
+# a bare "torch" requirement would otherwise pull a multi-GB CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/autosync run --workload mlp --nproc 2 --steps 10
+	$(BIN)/autosync run --workload mlp --nproc 2 --steps 10 --strategy examples/fp16_allreduce.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/python bench/hook_overhead.py
+
+sweep: $(STAMP)
+	$(BIN)/autosync cluster sweep
+
+clean:
+	rm -rf $(VENV) build *.egg-info
