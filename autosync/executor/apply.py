@@ -1,0 +1,72 @@
+"""``apply``: wrap a model and its optimizer so that training follows a strategy."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from autosync.executor.hooks import SyncState, autosync_hook
+from autosync.strategy import Strategy, load_strategy
+from autosync.workloads import embedding_parameter_names
+
+
+def _ranks_per_host(ranks_per_host: int | None) -> int | None:
+    if ranks_per_host:
+        return ranks_per_host
+    env = os.environ.get("LOCAL_WORLD_SIZE")  # set by torchrun and by autosync's launcher
+    return int(env) if env else None
+
+
+def apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy | str | os.PathLike,
+          process_group=None, ranks_per_host: int | None = None, **hook_options):
+    """Return ``(ddp_model, optimizer)`` that train ``model`` by ``strategy``.
+
+    Call on every rank after ``init_process_group``, with ``optimizer`` built over
+    ``model.parameters()``. ``strategy`` is a Strategy or the path of a strategy file.
+    ``ranks_per_host`` (default: ``$LOCAL_WORLD_SIZE``, else all ranks on one host) sets the
+    hosts of ``hierarchical_allreduce`` and of local SGD's intra-host averaging.
+
+    - fusion -> DDP's ``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``;
+    - groups -> one comm hook (:mod:`autosync.executor.hooks`);
+    - ``optimizer_sharding: zero`` -> torch's ZeroRedundancyOptimizer over the same
+      optimizer class and defaults (per-parameter-group options are not carried over);
+    - ``sync: local_sgd`` -> torch's PostLocalSGDOptimizer with a PeriodicModelAverager:
+      after ``warmup_steps`` steps gradients are averaged only inside a host and the
+      parameters of all ranks every ``period`` steps.
+
+    The returned model has ``.autosync_state`` (a :class:`SyncState`); call
+    ``autosync.executor.apply.release(ddp_model)`` to free its thread and subgroups.
+    """
+    if not isinstance(strategy, Strategy):
+        strategy = load_strategy(strategy)
+    pg = process_group if process_group is not None else dist.group.WORLD
+    state = SyncState(model, strategy, pg, _ranks_per_host(ranks_per_host),
+                      embedding_parameter_names(model), **hook_options)
+    fusion = strategy.fusion
+    ddp = DDP(model, process_group=pg, bucket_cap_mb=fusion.bucket_cap_mb,
+              gradient_as_bucket_view=fusion.gradient_as_bucket_view, static_graph=fusion.static_graph)
+    ddp.register_comm_hook(state, autosync_hook)
+    ddp.autosync_state = state
+
+    if strategy.optimizer_sharding == "zero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=type(optimizer),
+                                            process_group=pg, **optimizer.defaults)
+    if strategy.sync.mode == "local_sgd":
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+        from torch.distributed.optim import PostLocalSGDOptimizer
+
+        averager = PeriodicModelAverager(period=strategy.sync.period, warmup_steps=strategy.sync.warmup_steps,
+                                         process_group=pg)
+        optimizer = PostLocalSGDOptimizer(optimizer, averager)
+    return ddp, optimizer
+
+
+def release(ddp_model) -> None:
+    """Stop the hook's worker thread and destroy the subgroups it made."""
+    state = getattr(ddp_model, "autosync_state", None)
+    if state is not None:
+        state.close()

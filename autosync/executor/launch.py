@@ -1,0 +1,240 @@
+"""Rank processes: a pool of local gloo ranks kept alive across trials, and torchrun detection.
+
+A :class:`RankPool` spawns ``world_size`` processes that join one gloo process group and
+then wait for tasks. ``pool.run(fn, *args, timeout=s)`` calls ``fn(ctx, *args)`` on every
+rank and returns the per-rank results; if any rank raises, dies or the time limit runs
+out, every rank is killed (SIGKILL to its whole process group) and :class:`TrialFailure`
+says why. The next ``run`` starts fresh ranks. Rank processes die with their parent
+(PR_SET_PDEATHSIG), so nothing outlives a crashed or killed launcher.
+
+Each rank may enter a network namespace first and bind gloo to one interface: that is how
+the emulated cluster (:mod:`autosync.executor.emulate`) places ranks on hosts.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import datetime
+import logging
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import time
+import traceback
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
+_live_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
+
+
+class TrialFailure(Exception):
+    """A task that did not finish on every rank: ``status`` is 'failed' or 'timeout'."""
+
+    def __init__(self, status: str, reason: str):
+        super().__init__(f"{status}: {reason}")
+        self.status, self.reason = status, reason
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    """Where a rank runs: its network namespace and the interface gloo binds to (None = here)."""
+
+    netns: str | None = None
+    ifname: str | None = None
+
+
+@dataclass
+class RankContext:
+    """What a task sees on its rank."""
+
+    rank: int
+    world_size: int
+    ranks_per_host: int
+    extra: dict = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _enter_netns(name: str) -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, int], place: RankPlacement,
+               threads: int, init_timeout: float, tasks: mp.Queue, results: mp.Queue) -> None:
+    os.setsid()  # own process group: the launcher kills it whole; Ctrl-C goes to the launcher only
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    try:
+        if place.netns:
+            _enter_netns(place.netns)
+        if place.ifname:
+            os.environ["GLOO_SOCKET_IFNAME"] = place.ifname
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(ranks_per_host),
+                          LOCAL_RANK=str(rank % ranks_per_host))
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(threads)
+        dist.init_process_group("gloo", init_method=f"tcp://{master[0]}:{master[1]}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=init_timeout))
+        ctx = RankContext(rank, world, ranks_per_host)
+        results.put(("ready", rank, None))
+    except BaseException as e:  # noqa: BLE001 - reported to the launcher
+        results.put(("error", rank, f"rank {rank} could not start: {type(e).__name__}: {e}"))
+        return
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        fn, args = task
+        try:
+            results.put(("ok", rank, fn(ctx, *args)))
+        except BaseException as e:  # noqa: BLE001 - reported to the launcher
+            log.debug("rank %d task failed:\n%s", rank, traceback.format_exc())
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            results.put(("error", rank, f"rank {rank}: {type(e).__name__}: {first}"[:500]))
+    dist.destroy_process_group()
+
+
+class RankPool:
+    """``world_size`` gloo ranks that stay alive across tasks. Use as a context manager."""
+
+    def __init__(self, world_size: int, ranks_per_host: int | None = None,
+                 placements: list[RankPlacement] | None = None, master_addr: str = "127.0.0.1",
+                 threads_per_rank: int | None = None, start_timeout: float = 120.0):
+        self.world_size = world_size
+        self.ranks_per_host = ranks_per_host or world_size
+        self.placements = placements or [RankPlacement()] * world_size
+        self.master_addr = master_addr
+        self.threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
+        self.start_timeout = start_timeout
+        self._ctx = mp.get_context("spawn")
+        self._procs: list[mp.Process] = []
+        self._tasks: list[mp.Queue] = []
+        self._results: mp.Queue | None = None
+        self.starts = 0
+        _live_pools.add(self)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def start(self) -> None:
+        self.kill()
+        self._results = self._ctx.Queue()
+        self._tasks = [self._ctx.Queue() for _ in range(self.world_size)]
+        master = (self.master_addr, free_port())
+        self._procs = [self._ctx.Process(
+            target=_rank_main, name=f"autosync-rank{r}", daemon=True,
+            args=(r, self.world_size, self.ranks_per_host, master, self.placements[r], self.threads,
+                  self.start_timeout, self._tasks[r], self._results)) for r in range(self.world_size)]
+        for p in self._procs:
+            p.start()
+        self.starts += 1
+        self._collect("ready", self.start_timeout)
+
+    def kill(self) -> None:
+        """SIGKILL every rank (and anything it started), then reap them."""
+        for p in self._procs:
+            if p.pid is not None and p.is_alive():
+                for target in (lambda: os.killpg(p.pid, signal.SIGKILL), lambda: os.kill(p.pid, signal.SIGKILL)):
+                    try:
+                        target()
+                    except (ProcessLookupError, PermissionError):
+                        pass
+        for p in self._procs:
+            p.join(timeout=5)
+        for q in [*self._tasks, *([self._results] if self._results else [])]:
+            q.cancel_join_thread()
+            q.close()
+        self._procs, self._tasks, self._results = [], [], None
+
+    def close(self) -> None:
+        """Ask the ranks to leave the process group and exit; kill those that do not."""
+        for q in self._tasks:
+            try:
+                q.put(None)
+            except (ValueError, OSError):
+                pass
+        deadline = time.monotonic() + 10
+        for p in self._procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+    def __enter__(self) -> "RankPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- tasks -------------------------------------------------------------------------------
+    def run(self, fn: Callable, *args: Any, timeout: float = 300.0) -> list[Any]:
+        """Run ``fn(ctx, *args)`` on every rank; the per-rank results, or TrialFailure."""
+        if not self.alive:
+            self.start()
+        for q in self._tasks:
+            q.put((fn, args))
+        return self._collect("ok", timeout)
+
+    def _collect(self, want: str, timeout: float) -> list[Any]:
+        out: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout
+        while len(out) < self.world_size:
+            try:
+                kind, rank, payload = self._results.get(timeout=0.1)  # type: ignore[union-attr]
+            except queue.Empty:
+                dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
+                if dead:
+                    self.kill()
+                    raise TrialFailure("failed", "; ".join(f"rank {r} died ({_describe_exit(c)})" for r, c in dead))
+                if time.monotonic() > deadline:
+                    self.kill()
+                    what = "start" if want == "ready" else "finish"
+                    missing = sorted(set(range(self.world_size)) - set(out))
+                    raise TrialFailure("timeout", f"ranks {missing} did not {what} within {timeout:.0f} s")
+                continue
+            if kind == "error":
+                self.kill()
+                raise TrialFailure("failed", payload)
+            out[rank] = payload
+        return [out[r] for r in range(self.world_size)]
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def in_torchrun() -> bool:
+    """True inside a torchrun (or any env:// launcher) job."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+@atexit.register
+def _kill_live_pools() -> None:
+    for pool in list(_live_pools):
+        pool.kill()

@@ -1,0 +1,161 @@
+"""Measure a strategy: warm-up steps, then timed steps, on every rank.
+
+A step is forward + backward (with the strategy's communication) + optimizer step, timed
+on each rank; the step time of the job is the slowest rank's. Throughput is
+``world_size * batch_size / median(step time)``; the coefficient of variation is
+``std / mean`` of the timed steps. Peak memory is the largest resident-set peak of any
+rank during the trial (Linux VmHWM, reset before the trial).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autosync.executor.launch import RankContext, RankPool, TrialFailure
+from autosync.strategy import Strategy
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """What one trial runs. ``strategy`` is the canonical dict (picklable, hashable by content)."""
+
+    workload: str
+    strategy: dict
+    batch_size: int
+    warmup_steps: int = 3
+    steps: int = 10
+    seed: int = 0
+    lr: float = 0.01
+    optimizer: str = "sgd"          # sgd (momentum 0.9) | adam
+    record_params: bool = False     # return the final parameters of rank 0 (for equivalence tests)
+
+
+@dataclass
+class TrialResult:
+    workload: str
+    strategy_hash: str
+    world_size: int
+    batch_size: int
+    status: str                       # ok | failed | timeout
+    reason: str = ""
+    samples_per_s: float = 0.0
+    median_step_s: float = 0.0
+    cv: float = 0.0
+    peak_mem_mb: float = 0.0
+    step_times: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _reset_peak_rss() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _make_optimizer(name: str, params, lr: float):
+    import torch
+
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+
+def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
+    """Rank-side body of a trial; every rank returns the same summary (plus params on rank 0)."""
+    import torch
+    import torch.distributed as dist
+
+    from autosync import workloads
+    from autosync.executor.apply import apply, release
+
+    _reset_peak_rss()
+    strategy = Strategy.from_dict(spec.strategy)
+    model, make_batch = workloads.build(spec.workload, seed=spec.seed)
+    optimizer = _make_optimizer(spec.optimizer, model.parameters(), spec.lr)
+    ddp, optimizer = apply(model, optimizer, strategy)
+    gen = torch.Generator().manual_seed(spec.seed * 100_003 + ctx.rank)
+    total = spec.warmup_steps + spec.steps
+    batches = [make_batch(spec.batch_size, gen) for _ in range(total)]
+    times, losses = [], []
+    try:
+        dist.barrier()
+        for batch in batches:
+            t0 = time.perf_counter()
+            loss = workloads.loss_of(ddp(**batch))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+            times.append(time.perf_counter() - t0)
+            losses.append(loss.item())
+    finally:
+        release(ddp)
+    summary = torch.tensor([times, losses], dtype=torch.float64)
+    slowest = summary[0].clone()
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    dist.all_reduce(summary[1])
+    peak = torch.tensor([_peak_rss_mb()])
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    out: dict[str, Any] = {"step_times": slowest.tolist(), "losses": (summary[1] / ctx.world_size).tolist(),
+                           "peak_mem_mb": float(peak.item())}
+    if spec.record_params and ctx.rank == 0:
+        out["params"] = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+    return out
+
+
+def summarize(spec: TrialSpec, world_size: int, raw: dict[str, Any], wall_s: float) -> TrialResult:
+    timed = raw["step_times"][spec.warmup_steps:]
+    median = statistics.median(timed)
+    mean = statistics.fmean(timed)
+    cv = statistics.pstdev(timed) / mean if len(timed) > 1 and mean > 0 else 0.0
+    return TrialResult(spec.workload, Strategy.from_dict(spec.strategy).hash, world_size, spec.batch_size, "ok",
+                       samples_per_s=world_size * spec.batch_size / median, median_step_s=median, cv=cv,
+                       peak_mem_mb=raw["peak_mem_mb"], step_times=timed, losses=raw["losses"], wall_s=wall_s)
+
+
+def measure(pool: RankPool, spec: TrialSpec, timeout: float = 300.0) -> tuple[TrialResult, dict | None]:
+    """Run one trial on the pool's ranks; never raises for a failing strategy.
+
+    Returns the TrialResult and, when ``spec.record_params``, rank 0's final parameters.
+    """
+    t0 = time.monotonic()
+    try:
+        per_rank = pool.run(run_trial, spec, timeout=timeout)
+    except TrialFailure as f:
+        result = TrialResult(spec.workload, Strategy.from_dict(spec.strategy).hash, pool.world_size,
+                             spec.batch_size, f.status, f.reason, wall_s=time.monotonic() - t0)
+        return result, None
+    result = summarize(spec, pool.world_size, per_rank[0], time.monotonic() - t0)
+    params = per_rank[0].get("params")
+    return result, params
+
+
+def params_close(a: dict[str, np.ndarray], b: dict[str, np.ndarray], rtol: float = 1e-5, atol: float = 1e-6) -> list[str]:
+    """Names of parameters that differ between two snapshots beyond the tolerance."""
+    return [n for n in a if not np.allclose(a[n], b[n], rtol=rtol, atol=atol)]

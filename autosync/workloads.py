@@ -1,0 +1,273 @@
+"""Workloads: what is trained.
+
+Contract: a workload is a function ``build() -> (model, make_batch)``. ``model`` is an
+``nn.Module``; ``make_batch(batch_size, generator)`` returns a dict of keyword arguments for
+one forward call, and ``model(**batch)`` returns a scalar loss tensor or an object with a
+``.loss`` (the transformers convention).
+
+Built-in workloads train on learnable synthetic tasks: the labels come from a fixed random
+*teacher* (seeded independently of the model), so the loss can fall and lossy strategies
+can be checked. Transformers architectures are built from configs: nothing is downloaded.
+A user's workload is named ``pkg.module:function`` or ``path/to/file.py:function``.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from autosync.errors import UserError
+
+MakeBatch = Callable[[int, torch.Generator], dict]
+TEACHER_SEED = 1234
+
+
+class WorkloadError(UserError):
+    """An unknown workload, or one that cannot be built or run."""
+
+
+@dataclass(frozen=True)
+class BuiltinInfo:
+    build: Callable[[], tuple[nn.Module, MakeBatch]]
+    batch_size: int
+    description: str
+
+
+def _teacher(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(TEACHER_SEED))
+
+
+def loss_of(output: Any) -> torch.Tensor:
+    """The scalar loss of a forward call's output (a tensor, or an object with ``.loss``)."""
+    loss = getattr(output, "loss", output)
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise WorkloadError("the model must return a scalar loss tensor or an object with a .loss attribute")
+    return loss
+
+
+# --- built-ins -------------------------------------------------------------------------------
+
+class _MLP(nn.Module):
+    def __init__(self, dims: list[int]):
+        super().__init__()
+        layers: list[nn.Module] = []
+        for a, b in zip(dims[:-2], dims[1:-1]):
+            layers += [nn.Linear(a, b), nn.ReLU()]
+        layers.append(nn.Linear(dims[-2], dims[-1]))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.net(x), labels)
+
+
+def mlp() -> tuple[nn.Module, MakeBatch]:
+    """A 4-layer MLP (~6.3M parameters, mostly dense matrices) on a linear teacher's classes."""
+    d_in, classes = 512, 16
+    teacher = _teacher(d_in, classes)
+
+    def make_batch(batch_size: int, gen: torch.Generator) -> dict:
+        x = torch.randn(batch_size, d_in, generator=gen)
+        return {"x": x, "labels": (x @ teacher).argmax(1)}
+
+    return _MLP([d_in, 2048, 1536, 1024, classes]), make_batch
+
+
+def _token_batch(vocab: int, seq: int, classes: int) -> MakeBatch:
+    teacher = _teacher(vocab, classes)
+
+    def make_batch(batch_size: int, gen: torch.Generator) -> dict:
+        ids = torch.randint(0, vocab, (batch_size, seq), generator=gen)
+        return {"input_ids": ids, "labels": teacher[ids].sum(1).argmax(1)}
+
+    return make_batch
+
+
+def bert_mini() -> tuple[nn.Module, MakeBatch]:
+    """BERT, 4 layers x 256 hidden, sequence classification of a bag-of-words teacher."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                     intermediate_size=1024, max_position_embeddings=128, num_labels=4,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return BertForSequenceClassification(cfg), _token_batch(8192, 64, 4)
+
+
+def gpt2_tiny() -> tuple[nn.Module, MakeBatch]:
+    """GPT-2, 4 layers x 256, language modelling of a fixed sparse Markov chain (vocab 2048)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    vocab, seq = 2048, 64
+    cfg = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=256, n_layer=4, n_head=4,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM")
+    # Each token has 4 likely successors: a low-entropy chain the model can learn.
+    successors = torch.randint(0, vocab, (vocab, 4), generator=torch.Generator().manual_seed(TEACHER_SEED))
+
+    def make_batch(batch_size: int, gen: torch.Generator) -> dict:
+        ids = torch.empty(batch_size, seq, dtype=torch.long)
+        ids[:, 0] = torch.randint(0, vocab, (batch_size,), generator=gen)
+        choice = torch.randint(0, 4, (batch_size, seq), generator=gen)
+        for t in range(1, seq):
+            ids[:, t] = successors[ids[:, t - 1], choice[:, t]]
+        return {"input_ids": ids, "labels": ids}
+
+    return GPT2LMHeadModel(cfg), make_batch
+
+
+def _image_batch(channels: int, size: int, classes: int) -> MakeBatch:
+    teacher = _teacher(channels * 4 * 4, classes)
+
+    def make_batch(batch_size: int, gen: torch.Generator) -> dict:
+        x = torch.randn(batch_size, channels, size, size, generator=gen)
+        pooled = nn.functional.adaptive_avg_pool2d(x, 4).flatten(1)
+        return {"pixel_values": x, "labels": (pooled @ teacher).argmax(1)}
+
+    return make_batch
+
+
+def vit_tiny() -> tuple[nn.Module, MakeBatch]:
+    """ViT, 4 layers x 192 hidden, 32x32 images in 4x4 patches, 10 teacher classes."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(image_size=32, patch_size=4, num_channels=3, hidden_size=192, num_hidden_layers=4,
+                    num_attention_heads=3, intermediate_size=768, num_labels=10,
+                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return ViTForImageClassification(cfg), _image_batch(3, 32, 10)
+
+
+def resnet_tiny() -> tuple[nn.Module, MakeBatch]:
+    """ResNet (basic blocks, widths 32-256), 64x64 images, 10 teacher classes."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(num_channels=3, embedding_size=32, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1],
+                       layer_type="basic", num_labels=10)
+    return ResNetForImageClassification(cfg), _image_batch(3, 64, 10)
+
+
+class _NCF(nn.Module):
+    """Neural collaborative filtering: two embedding tables (most of the bytes) and a small MLP."""
+
+    def __init__(self, users: int, items: int, dim: int):
+        super().__init__()
+        self.user_emb = nn.Embedding(users, dim)
+        self.item_emb = nn.Embedding(items, dim)
+        self.mlp = nn.Sequential(nn.Linear(2 * dim, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, users: torch.Tensor, items: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = torch.cat([self.user_emb(users), self.item_emb(items)], 1)
+        return nn.functional.binary_cross_entropy_with_logits(self.mlp(h).squeeze(1), labels)
+
+
+def ncf() -> tuple[nn.Module, MakeBatch]:
+    """NCF with 200k users and 100k items x 64 (~77 MB of tables); a batch of 1024 touches ~0.5% of user rows."""
+    users, items, dim = 200_000, 100_000, 64
+    tu, ti = _teacher(users, 8), _teacher(items, 8)
+
+    def make_batch(batch_size: int, gen: torch.Generator) -> dict:
+        u = torch.randint(0, users, (batch_size,), generator=gen)
+        i = torch.randint(0, items, (batch_size,), generator=gen)
+        return {"users": u, "items": i, "labels": ((tu[u] * ti[i]).sum(1) > 0).float()}
+
+    return _NCF(users, items, dim), make_batch
+
+
+BUILTINS: dict[str, BuiltinInfo] = {
+    "mlp": BuiltinInfo(mlp, 128, mlp.__doc__ or ""),
+    "bert-mini": BuiltinInfo(bert_mini, 8, bert_mini.__doc__ or ""),
+    "gpt2-tiny": BuiltinInfo(gpt2_tiny, 8, gpt2_tiny.__doc__ or ""),
+    "vit-tiny": BuiltinInfo(vit_tiny, 16, vit_tiny.__doc__ or ""),
+    "resnet-tiny": BuiltinInfo(resnet_tiny, 32, resnet_tiny.__doc__ or ""),
+    "ncf": BuiltinInfo(ncf, 1024, ncf.__doc__ or ""),
+}
+DEFAULT_BATCH_SIZE = 32
+
+
+def _load_user_function(spec: str) -> Callable:
+    target, _, fn_name = spec.rpartition(":")
+    if not target or not fn_name:
+        known = ", ".join(BUILTINS)
+        raise WorkloadError(f"unknown workload {spec!r}: use a built-in ({known}) or 'pkg.module:function' "
+                            "or 'path/file.py:function'")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise WorkloadError(f"workload {spec!r}: file {target} does not exist")
+        mod_name = f"autosync_user_{abs(hash(str(path.resolve())))}"
+        module_spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+        sys.modules[mod_name] = module
+        try:
+            module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except Exception as e:
+            raise WorkloadError(f"workload {spec!r}: importing {target} failed: {type(e).__name__}: {e}") from None
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as e:
+            raise WorkloadError(f"workload {spec!r}: cannot import module {target!r} ({e})") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise WorkloadError(f"workload {spec!r}: {target} has no function {fn_name!r}")
+    return fn
+
+
+def default_batch_size(name: str) -> int:
+    info = BUILTINS.get(name)
+    return info.batch_size if info else DEFAULT_BATCH_SIZE
+
+
+def _quiet_transformers() -> None:
+    try:
+        from transformers.utils import logging as hf_logging
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
+def build(name: str, seed: int = 0) -> tuple[nn.Module, MakeBatch]:
+    """Build a workload by name with the model initialized from ``seed``; validate its contract."""
+    fn = BUILTINS[name].build if name in BUILTINS else _load_user_function(name)
+    _quiet_transformers()
+    torch.manual_seed(seed)
+    try:
+        result = fn()
+    except UserError:
+        raise
+    except Exception as e:
+        raise WorkloadError(f"workload {name!r}: building it failed: {type(e).__name__}: {e}") from None
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)
+            and callable(result[1])):
+        raise WorkloadError(f"workload {name!r}: the function must return (nn.Module, make_batch)")
+    model, make_batch = result
+    if not any(p.requires_grad for p in model.parameters()):
+        raise WorkloadError(f"workload {name!r}: the model has no trainable parameters")
+    return model, make_batch
+
+
+def check_batch(name: str, model: nn.Module, make_batch: MakeBatch, batch_size: int) -> None:
+    """Run one forward pass on one batch; raise WorkloadError naming what went wrong."""
+    try:
+        batch = make_batch(batch_size, torch.Generator().manual_seed(0))
+    except Exception as e:
+        raise WorkloadError(f"workload {name!r}: make_batch raised {type(e).__name__}: {e}") from None
+    if not isinstance(batch, dict):
+        raise WorkloadError(f"workload {name!r}: make_batch must return a dict of keyword arguments")
+    try:
+        with torch.no_grad():
+            loss_of(model(**batch))
+    except UserError as e:
+        raise WorkloadError(f"workload {name!r}: {e}") from None
+    except Exception as e:
+        raise WorkloadError(f"workload {name!r}: the forward call failed: {type(e).__name__}: {e}") from None
+
+
+def embedding_parameter_names(model: nn.Module) -> set[str]:
+    """Names of the weights of nn.Embedding modules (candidates for the row_sparse plan)."""
+    return {f"{mod_name}.weight" if mod_name else "weight"
+            for mod_name, mod in model.named_modules() if isinstance(mod, nn.Embedding)}
