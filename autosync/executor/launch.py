@@ -212,7 +212,14 @@ class RankPool:
                     raise TrialFailure("timeout", f"ranks {missing} did not {what} within {timeout:.0f} s")
                 continue
             if kind == "error":
+                # A peer's crash shows up first as a socket error on the other ranks: give the
+                # crashed rank a moment to be seen dead, and name it as the cause.
+                time.sleep(0.5)
+                dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
                 self.kill()
+                if any(code is not None and code < 0 for _, code in dead):
+                    deaths = "; ".join(f"rank {r} died ({_describe_exit(c)})" for r, c in dead if c and c < 0)
+                    raise TrialFailure("failed", f"{deaths}; then {payload}"[:500])
                 raise TrialFailure("failed", payload)
             out[rank] = payload
         return [out[r] for r in range(self.world_size)]

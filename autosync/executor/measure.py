@@ -34,6 +34,8 @@ class TrialSpec:
     lr: float = 0.01
     optimizer: str = "sgd"          # sgd (momentum 0.9) | adam
     record_params: bool = False     # return the final parameters of rank 0 (for equivalence tests)
+    builtin_ddp: bool = False       # plain DDP with its built-in all-reduce (no autosync hook): the reference
+    force_worker: bool = False      # run plain all-reduce through the segment worker too (hook benchmark)
 
 
 @dataclass
@@ -99,7 +101,14 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
     strategy = Strategy.from_dict(spec.strategy)
     model, make_batch = workloads.build(spec.workload, seed=spec.seed)
     optimizer = _make_optimizer(spec.optimizer, model.parameters(), spec.lr)
-    ddp, optimizer = apply(model, optimizer, strategy)
+    if spec.builtin_ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        f = strategy.fusion
+        ddp = DDP(model, bucket_cap_mb=f.bucket_cap_mb, gradient_as_bucket_view=f.gradient_as_bucket_view,
+                  static_graph=f.static_graph)
+    else:
+        ddp, optimizer = apply(model, optimizer, strategy, force_worker=spec.force_worker)
     gen = torch.Generator().manual_seed(spec.seed * 100_003 + ctx.rank)
     total = spec.warmup_steps + spec.steps
     batches = [make_batch(spec.batch_size, gen) for _ in range(total)]

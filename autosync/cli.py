@@ -1,0 +1,185 @@
+"""The ``autosync`` command: a thin layer over the Python API.
+
+Every error a user can cause ends with one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Sequence
+
+from autosync.errors import UserError
+
+log = logging.getLogger("autosync")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump) and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"{self.prog}: {message} (see --help)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser(
+        "run", help="measure one strategy on real ranks",
+        description="Train a workload for a few steps with a strategy (default: PyTorch DDP's default) on N local "
+                    "gloo ranks, and report throughput, median step time, its coefficient of variation and peak "
+                    "memory. Under torchrun it runs on the job's ranks instead of spawning its own.",
+        epilog="example: autosync run --workload bert-mini --nproc 2 --strategy strategy.yaml")
+    p.add_argument("--workload", "--model", dest="workload", required=True, metavar="W",
+                   help="built-in workload (mlp, bert-mini, gpt2-tiny, vit-tiny, resnet-tiny, ncf) or "
+                        "'pkg.module:function' / 'path/file.py:function'")
+    p.add_argument("--strategy", metavar="FILE", help="strategy YAML or JSON (default: the DDP default)")
+    p.add_argument("--nproc", type=_positive_int, default=2, help="number of local ranks (default 2)")
+    p.add_argument("--ranks-per-host", type=_positive_int, default=None,
+                   help="ranks that share a host, for hierarchical plans and local SGD (default: all)")
+    p.add_argument("--batch-size", type=_positive_int, default=None, help="per-rank batch size (default: the workload's)")
+    p.add_argument("--steps", type=_positive_int, default=10, help="timed steps (default 10)")
+    p.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed warm-up steps (default 3)")
+    p.add_argument("--seed", type=_non_negative_int, default=0, help="model and data seed (default 0)")
+    p.add_argument("--timeout", type=_positive_float, default=300.0,
+                   help="time limit of the trial in seconds; all ranks are killed when it runs out (default 300)")
+    p.add_argument("--json", action="store_true", help="print the TrialResult as JSON instead of a table")
+    p.set_defaults(func=_cmd_run)
+
+
+def _validate_run(args) -> tuple[object, object]:
+    """Check everything the user handed over before any rank starts; returns (strategy, batch size)."""
+    from autosync import workloads
+    from autosync.strategy import Strategy, load_strategy
+
+    strategy = load_strategy(args.strategy) if args.strategy else Strategy.default()
+    model, make_batch = workloads.build(args.workload)
+    batch_size = args.batch_size or workloads.default_batch_size(args.workload)
+    workloads.check_batch(args.workload, model, make_batch, batch_size)
+    world = args.nproc
+    strategy.check_world(world)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    try:
+        strategy.resolve(named, workloads.embedding_parameter_names(model))
+    except UserError as e:
+        source = args.strategy or "default strategy"
+        raise UserError(f"{source}: {e}") from None
+    if args.ranks_per_host and world % args.ranks_per_host:
+        raise UserError(f"--ranks-per-host {args.ranks_per_host} does not divide --nproc {world}")
+    return strategy, batch_size
+
+
+def _print_result(result, as_json: bool, title: str) -> None:
+    if as_json:
+        print(result.to_json())
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("status", "samples/s", "median step", "CV", "peak mem", "ranks", "batch/rank"):
+        table.add_column(col, justify="right")
+    table.add_row(result.status, f"{result.samples_per_s:,.1f}", f"{result.median_step_s * 1e3:.1f} ms",
+                  f"{result.cv:.1%}", f"{result.peak_mem_mb:,.0f} MB", str(result.world_size), str(result.batch_size))
+    console = Console()
+    console.print(table)
+    if result.reason:
+        console.print(f"reason: {result.reason}", markup=False)
+
+
+def _cmd_run(args) -> int:
+    from autosync.executor.launch import RankPool, in_torchrun
+    from autosync.executor.measure import TrialSpec, measure
+
+    if in_torchrun():
+        return _run_under_torchrun(args)
+    strategy, batch_size = _validate_run(args)
+    spec = TrialSpec(args.workload, strategy.canonical(), batch_size, args.warmup, args.steps, args.seed)
+    with RankPool(args.nproc, ranks_per_host=args.ranks_per_host) as pool:
+        result, _ = measure(pool, spec, timeout=args.timeout)
+    _print_result(result, args.json, f"{args.workload} x {args.nproc} ranks, strategy {strategy.hash}")
+    return 0 if result.ok else 1
+
+
+def _run_under_torchrun(args) -> int:
+    """Inside torchrun: join the job's process group (env://) and run the trial here."""
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    from autosync.executor.launch import RankContext
+    from autosync.executor.measure import TrialSpec, run_trial, summarize
+
+    strategy, batch_size = _validate_run(args)
+    dist.init_process_group("gloo")
+    ctx = RankContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    spec = TrialSpec(args.workload, strategy.canonical(), batch_size, args.warmup, args.steps, args.seed)
+    t0 = time.monotonic()
+    raw = run_trial(ctx, spec)
+    if ctx.rank == 0:
+        _print_result(summarize(spec, ctx.world_size, raw, time.monotonic() - t0), args.json,
+                      f"{args.workload} x {ctx.world_size} ranks (torchrun), strategy {strategy.hash}")
+    dist.destroy_process_group()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="autosync", description="Learn how to synchronize gradients in data-parallel PyTorch "
+                                                   "training: profile, propose, predict, measure, recommend.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    _add_run(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    def _terminate(signum, frame):  # SIGTERM cleans up like Ctrl-C: context managers run
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
+        return args.func(args)
+    except UserError as e:
+        print(f"autosync: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autosync: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The `autosync` command as a user runs it: real subprocesses, exit codes, one-line errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+FAULTS = "tests/fixtures/faulty.py"
+
+
+def autosync(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "autosync.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_run_default_and_strategy_file_as_json(tmp_path):
+    strategy = tmp_path / "s.yaml"
+    strategy.write_text("groups: [{match: '*', plan: sharded_ps, partitions: 2}]\n")
+    out = autosync("run", "--workload", "mlp", "--nproc", "2", "--steps", "3", "--warmup", "1",
+                   "--strategy", str(strategy), "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["status"] == "ok" and result["world_size"] == 2 and result["samples_per_s"] > 0
+    assert len(result["step_times"]) == 3 and result["cv"] >= 0 and result["peak_mem_mb"] > 0
+
+
+def test_run_prints_a_table():
+    out = autosync("run", "--workload", "resnet-tiny", "--nproc", "2", "--steps", "2", "--warmup", "1")
+    assert out.returncode == 0, out.stderr
+    assert "samples/s" in out.stdout and "median step" in out.stdout
+
+
+def test_failed_trial_exits_1_with_reason():
+    out = autosync("run", "--workload", f"{FAULTS}:abort_on_rank1", "--steps", "5", "--json", "--timeout", "30")
+    assert out.returncode == 1
+    result = json.loads(out.stdout)
+    assert result["status"] == "failed" and "SIGABRT" in result["reason"]
+
+
+BAD = [
+    (["run", "--workload", "mlp", "--strategy", "{bad}"], "malformed YAML", "groups: [{plan: ps}\n"),
+    (["run", "--workload", "mlp", "--strategy", "{bad}"], "groups[0].plan: 'gossip' is not one of", "groups: [{plan: gossip}]"),
+    (["run", "--workload", "mlp", "--strategy", "{bad}"], "groups[0].compressor.name: 'zip' is not one of",
+     "groups: [{compressor: zip}]"),
+    (["run", "--workload", "mlp", "--strategy", "{bad}"], "not covered by any group: net.4.weight",
+     "groups: [{match: ['net.0.*', 'net.2.*']}]"),
+    (["run", "--workload", "mlp", "--strategy", "{bad}", "--nproc", "2"], "rank 5 does not exist in a world of 2",
+     "groups: [{plan: ps, placement: [5]}]"),
+    (["run", "--workload", "mlp", "--strategy", "{bad}"], "row_sparse needs embedding tables",
+     "groups: [{plan: row_sparse}]"),
+    (["run", "--workload", "no-such-model"], "unknown workload 'no-such-model'", None),
+    (["run", "--workload", "json:no_such_function"], "json has no function 'no_such_function'", None),
+    (["run", "--workload", "no_such_pkg.mod:fn"], "cannot import module 'no_such_pkg.mod'", None),
+    (["run", "--workload", f"{FAULTS}:no_parameters"], "the model has no trainable parameters", None),
+    (["run", "--workload", f"{FAULTS}:bad_batch"], "make_batch raised ValueError: no data today", None),
+    (["run", "--workload", "mlp", "--nproc", "0"], "--nproc: expected a positive integer, got 0", None),
+    (["run", "--workload", "mlp", "--steps", "many"], "--steps: expected a positive integer, got 'many'", None),
+    (["run", "--workload", "mlp", "--timeout", "-3"], "--timeout: expected a positive number", None),
+    (["run", "--workload", "mlp", "--nproc", "4", "--ranks-per-host", "3"], "does not divide --nproc 4", None),
+    (["run"], "the following arguments are required: --workload", None),
+    (["fly"], "invalid choice: 'fly'", None),
+    (["run", "--workload", "mlp", "--strategy", "/no/such/file.yaml"], "cannot read strategy file", None),
+]
+
+
+@pytest.mark.parametrize("args, message, strategy_text", BAD, ids=[b[1][:40] for b in BAD])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message, strategy_text):
+    if strategy_text is not None:
+        path = tmp_path / "bad.yaml"
+        path.write_text(strategy_text)
+        args = [str(path) if a == "{bad}" else a for a in args]
+    out = autosync(*args, timeout=120)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,110 @@
+"""The executor on real multi-process gloo groups: equivalence, convergence, failures."""
+import statistics
+import time
+
+import pytest
+
+from autosync.executor.launch import RankPool
+from autosync.executor.measure import TrialSpec, measure, params_close
+from autosync.strategy import Strategy
+
+pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
+
+
+def canon(**raw):
+    return Strategy.from_dict(raw).canonical()
+
+
+LOSSLESS = {
+    "allreduce (segment worker)": (canon(fusion={"bucket_cap_mb": 2}), {"force_worker": True}),
+    "ps": (canon(groups=[{"plan": "ps"}]), {}),
+    "sharded_ps x2": (canon(fusion={"bucket_cap_mb": 2}, groups=[{"plan": "sharded_ps", "partitions": 2}]), {}),
+    "sharded_ps x4": (canon(groups=[{"plan": "sharded_ps", "partitions": 4}]), {}),
+    "hierarchical_allreduce": (canon(groups=[{"plan": "hierarchical_allreduce"}]), {}),
+    "mixed": (canon(fusion={"bucket_cap_mb": 1}, groups=[
+        {"match": "net.0.*", "plan": "sharded_ps", "partitions": 3},
+        {"match": "net.2.*", "plan": "ps", "placement": [1]},
+        {"match": "net.4.*", "plan": "hierarchical_allreduce"},
+        {"match": "*", "plan": "allreduce"}]), {}),
+}
+
+
+def _spec(workload, strategy, batch, steps=20, **kw):
+    return TrialSpec(workload, strategy, batch, warmup_steps=0, steps=steps, lr=0.05, record_params=True, **kw)
+
+
+@pytest.mark.parametrize("world, ranks_per_host", [(2, 1), (4, 2)])
+def test_lossless_plans_match_plain_ddp(world, ranks_per_host):
+    with RankPool(world, ranks_per_host=ranks_per_host) as pool:
+        ref, ref_params = measure(pool, _spec("mlp", Strategy.default().canonical(), 16, builtin_ddp=True), 120)
+        assert ref.ok, ref.reason
+        mismatched = {}
+        for name, (strategy, extra) in LOSSLESS.items():
+            result, params = measure(pool, _spec("mlp", strategy, 16, **extra), 120)
+            assert result.ok, f"{name}: {result.reason}"
+            assert Strategy.from_dict(strategy).is_lossless
+            bad = params_close(ref_params, params)
+            if bad:
+                mismatched[name] = bad
+        assert not mismatched, f"parameters differ from plain DDP after 20 steps: {mismatched}"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_row_sparse_on_ncf_matches_plain_ddp(world):
+    strategy = canon(groups=[{"match": "*_emb.weight", "plan": "row_sparse"}, {"match": "*"}])
+    with RankPool(world) as pool:
+        ref, ref_params = measure(pool, _spec("ncf", Strategy.default().canonical(), 64, builtin_ddp=True), 120)
+        result, params = measure(pool, _spec("ncf", strategy, 64), 120)
+    assert ref.ok and result.ok, (ref.reason, result.reason)
+    assert params_close(ref_params, params) == []
+
+
+LOSSY = {
+    "fp16": canon(groups=[{"compressor": "fp16"}]),
+    "bf16": canon(groups=[{"compressor": "bf16"}]),
+    "powersgd": canon(groups=[{"compressor": {"name": "powersgd", "rank": 2}}]),
+    "topk": canon(groups=[{"compressor": {"name": "topk", "ratio": 0.01}}]),
+    "local_sgd": canon(sync={"mode": "local_sgd", "period": 4, "warmup_steps": 5}),
+}
+
+
+def test_lossy_options_lower_the_loss_and_say_they_are_lossy():
+    with RankPool(2, ranks_per_host=1) as pool:  # two hosts: local SGD really runs apart
+        for name, strategy in LOSSY.items():
+            assert not Strategy.from_dict(strategy).is_lossless, name
+            result, _ = measure(pool, TrialSpec("mlp", strategy, 32, warmup_steps=0, steps=50, lr=0.1), 120)
+            assert result.ok, f"{name}: {result.reason}"
+            first, last = statistics.fmean(result.losses[:5]), statistics.fmean(result.losses[-5:])
+            assert last < first - 0.02, f"{name}: loss {first:.3f} -> {last:.3f} did not fall"
+
+
+def test_local_sgd_ranks_drift_apart_between_averaging_rounds():
+    """Local SGD is not plain DDP in disguise: with period 4 its parameters differ from DDP's."""
+    with RankPool(2, ranks_per_host=1) as pool:
+        _, ref = measure(pool, _spec("mlp", Strategy.default().canonical(), 16, steps=10, builtin_ddp=True), 120)
+        _, local = measure(pool, _spec("mlp", LOSSY["local_sgd"], 16, steps=10), 120)
+    assert params_close(ref, local) != []
+
+
+FAULTS = "tests/fixtures/faulty.py"
+
+
+@pytest.mark.parametrize("workload, status, reason", [
+    (f"{FAULTS}:abort_on_rank1", "failed", "rank 1 died (SIGABRT)"),
+    (f"{FAULTS}:hang_on_rank1", "timeout", "did not finish within 15 s"),
+    (f"{FAULTS}:mismatched_shapes", "failed", "rank"),
+])
+def test_a_failing_trial_ends_within_its_time_limit_and_kills_every_rank(workload, status, reason):
+    pool = RankPool(2)
+    try:
+        t0 = time.monotonic()
+        result, _ = measure(pool, TrialSpec(workload, Strategy.default().canonical(), 8, steps=5), timeout=15)
+        elapsed = time.monotonic() - t0
+        assert result.status == status and reason in result.reason, result
+        assert elapsed < 15 + 10
+        assert not pool.alive
+        # the pool recovers: the next trial starts fresh ranks and succeeds
+        ok, _ = measure(pool, TrialSpec("mlp", Strategy.default().canonical(), 8, steps=2), timeout=60)
+        assert ok.ok, ok.reason
+    finally:
+        pool.close()
