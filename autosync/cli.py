@@ -52,6 +52,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _cluster_spec(text: str):
+    from autosync.cluster import parse_cluster
+
+    try:
+        return parse_cluster(text)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _add_run(sub) -> None:
     p = sub.add_parser(
         "run", help="measure one strategy on real ranks",
@@ -63,7 +72,9 @@ def _add_run(sub) -> None:
                    help="built-in workload (mlp, bert-mini, gpt2-tiny, vit-tiny, resnet-tiny, ncf) or "
                         "'pkg.module:function' / 'path/file.py:function'")
     p.add_argument("--strategy", metavar="FILE", help="strategy YAML or JSON (default: the DDP default)")
-    p.add_argument("--nproc", type=_positive_int, default=2, help="number of local ranks (default 2)")
+    p.add_argument("--nproc", type=_positive_int, default=None, help="number of local ranks (default 2)")
+    p.add_argument("--cluster", type=_cluster_spec, metavar="SPEC",
+                   help="run on an emulated cluster, e.g. 2x1@100mbit (world size from the spec; needs root)")
     p.add_argument("--ranks-per-host", type=_positive_int, default=None,
                    help="ranks that share a host, for hierarchical plans and local SGD (default: all)")
     p.add_argument("--batch-size", type=_positive_int, default=None, help="per-rank batch size (default: the workload's)")
@@ -85,7 +96,12 @@ def _validate_run(args) -> tuple[object, object]:
     model, make_batch = workloads.build(args.workload)
     batch_size = args.batch_size or workloads.default_batch_size(args.workload)
     workloads.check_batch(args.workload, model, make_batch, batch_size)
-    world = args.nproc
+    if args.cluster is not None and args.nproc is not None and args.nproc != args.cluster.world_size:
+        raise UserError(f"--nproc {args.nproc} disagrees with --cluster {args.cluster} "
+                        f"({args.cluster.world_size} ranks); give one of them")
+    if args.cluster is not None and args.ranks_per_host is not None:
+        raise UserError("--ranks-per-host comes from --cluster; give one of them")
+    world = args.cluster.world_size if args.cluster is not None else (args.nproc or 2)
     strategy.check_world(world)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     try:
@@ -124,10 +140,99 @@ def _cmd_run(args) -> int:
         return _run_under_torchrun(args)
     strategy, batch_size = _validate_run(args)
     spec = TrialSpec(args.workload, strategy.canonical(), batch_size, args.warmup, args.steps, args.seed)
-    with RankPool(args.nproc, ranks_per_host=args.ranks_per_host) as pool:
-        result, _ = measure(pool, spec, timeout=args.timeout)
-    _print_result(result, args.json, f"{args.workload} x {args.nproc} ranks, strategy {strategy.hash}")
+    if args.cluster is not None:
+        from autosync.executor.emulate import emulate
+
+        with _emulation(args.cluster) as cluster, cluster.pool() as pool:
+            result, _ = measure(pool, spec, timeout=args.timeout)
+        where = f"cluster {args.cluster}"
+    else:
+        nproc = args.nproc or 2
+        with RankPool(nproc, ranks_per_host=args.ranks_per_host) as pool:
+            result, _ = measure(pool, spec, timeout=args.timeout)
+        where = f"{nproc} local ranks"
+    _print_result(result, args.json, f"{args.workload} on {where}, strategy {strategy.hash}")
     return 0 if result.ok else 1
+
+
+def _emulation(cluster):
+    """The emulated cluster (or loopback without root); emulation errors become one-line user errors."""
+    from autosync.executor.emulate import EmulationError, emulate
+
+    class _Guard:
+        def __enter__(self):
+            self.inner = emulate(cluster)
+            try:
+                return self.inner.__enter__()
+            except EmulationError as e:
+                raise UserError(f"cannot emulate {cluster}: {e}") from None
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+    return _Guard()
+
+
+def _add_cluster(sub) -> None:
+    p = sub.add_parser("cluster", help="emulated clusters: check links, sweep leftovers",
+                       description="Emulated clusters on this machine (network namespaces + tc; needs root).")
+    csub = p.add_subparsers(dest="cluster_command", metavar="ACTION", parser_class=_Parser)
+    csub.required = True
+    c = csub.add_parser("check", help="bring a cluster up, measure every host link, tear it down",
+                        description="Bring SPEC up, measure each host link with torch.distributed point-to-point "
+                                    "transfers and a ping-pong, print configured vs measured bandwidth and latency.",
+                        epilog="example: autosync cluster check '2x1@1gbit;node1=100mbit'")
+    c.add_argument("spec", type=_cluster_spec, metavar="SPEC", help="NODESxRANKS@BANDWIDTH[,LATENCY][;nodeK=...]")
+    c.add_argument("--seconds", type=_positive_float, default=0.5, help="length of each transfer (default 0.5 s)")
+    c.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    c.set_defaults(func=_cmd_cluster_check)
+    s = csub.add_parser("sweep", help="remove namespaces left by dead autosync runs",
+                        description="Delete the network namespaces (and their veths) of autosync runs whose process "
+                                    "is gone. --all deletes those of live runs too.")
+    s.add_argument("--all", action="store_true", help="also remove the namespaces of running autosync processes")
+    s.set_defaults(func=_cmd_cluster_sweep)
+
+
+def _cmd_cluster_check(args) -> int:
+    import dataclasses
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from autosync.executor.emulate import EmulatedCluster, can_emulate
+    from autosync.executor.linkcheck import check_links
+
+    ok, why = can_emulate()
+    if not ok:
+        raise UserError(f"cannot emulate {args.spec}: {why}")
+    if args.spec.nodes < 2:
+        raise UserError(f"{args.spec} has one host: there is no host link to measure")
+    with _emulation(args.spec) as cluster, cluster.pool(threads_per_rank=1) as pool:
+        rows = check_links(pool, args.spec, seconds=args.seconds)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows]))
+        return 0
+    table = Table(title=f"cluster {args.spec}: host links (each to its peer host)")
+    for col in ("host", "peer", "configured", "measured", "ratio", "configured latency", "measured latency"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(f"node{r.host}", f"node{r.peer}", f"{r.configured_bps / 1e6:,.0f} Mbit/s",
+                      f"{r.measured_bps / 1e6:,.1f} Mbit/s", f"{r.measured_bps / r.configured_bps:.2f}",
+                      f"{r.configured_latency_s * 1e3:.3f} ms", f"{r.measured_latency_s * 1e3:.3f} ms")
+    Console().print(table)
+    return 0
+
+
+def _cmd_cluster_sweep(args) -> int:
+    from autosync.executor.emulate import can_emulate, sweep
+
+    ok, why = can_emulate()
+    if not ok:
+        raise UserError(f"cannot sweep: {why}")
+    removed = sweep(everything=args.all)
+    print(f"removed {len(removed)} namespace(s)" + (": " + ", ".join(removed) if removed else ""))
+    return 0
 
 
 def _run_under_torchrun(args) -> int:
@@ -160,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     _add_run(sub)
+    _add_cluster(sub)
     return parser
 
 

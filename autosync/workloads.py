@@ -165,7 +165,7 @@ class _NCF(nn.Module):
 
 
 def ncf() -> tuple[nn.Module, MakeBatch]:
-    """NCF with 200k users and 100k items x 64 (~77 MB of tables); a batch of 1024 touches ~0.5% of user rows."""
+    """NCF with 200k users and 100k items x 64 (~77 MB of tables); a batch of 2048 touches ~1% of user rows."""
     users, items, dim = 200_000, 100_000, 64
     tu, ti = _teacher(users, 8), _teacher(items, 8)
 
@@ -183,7 +183,7 @@ BUILTINS: dict[str, BuiltinInfo] = {
     "gpt2-tiny": BuiltinInfo(gpt2_tiny, 8, gpt2_tiny.__doc__ or ""),
     "vit-tiny": BuiltinInfo(vit_tiny, 16, vit_tiny.__doc__ or ""),
     "resnet-tiny": BuiltinInfo(resnet_tiny, 32, resnet_tiny.__doc__ or ""),
-    "ncf": BuiltinInfo(ncf, 1024, ncf.__doc__ or ""),
+    "ncf": BuiltinInfo(ncf, 2048, ncf.__doc__ or ""),
 }
 DEFAULT_BATCH_SIZE = 32
 

@@ -28,7 +28,7 @@ def test_ncf_is_embedding_heavy_and_touches_few_rows():
     batch = make_batch(workloads.default_batch_size("ncf"), torch.Generator().manual_seed(0))
     workloads.loss_of(model(**batch)).backward()
     touched = (model.user_emb.weight.grad.abs().sum(1) != 0).float().mean().item()
-    assert 0 < touched < 0.01
+    assert 0 < touched < 0.02
 
 
 def test_user_workload_from_file_and_module(tmp_path, monkeypatch):

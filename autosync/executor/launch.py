@@ -86,6 +86,7 @@ def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, in
             _enter_netns(place.netns)
         if place.ifname:
             os.environ["GLOO_SOCKET_IFNAME"] = place.ifname
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns about reverse DNS of 198.18.x
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(ranks_per_host),
                           LOCAL_RANK=str(rank % ranks_per_host))
         import torch
