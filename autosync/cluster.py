@@ -114,7 +114,7 @@ def _quantity(text: str, units: dict[str, float], what: str, spec: str) -> float
     if not m or unit not in units:
         raise ClusterSpecError(f"cluster spec {spec!r}: {what} {text.strip()!r} needs a number and a unit "
                                f"({', '.join(units)})")
-    return float(m.group(1)) * units[unit]
+    return round(float(m.group(1)) * units[unit], 9)  # to the nanosecond: 100us == 100e-6
 
 
 def _parse_link(text: str, spec: str, where: str) -> Link:

@@ -86,7 +86,6 @@ def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, in
             _enter_netns(place.netns)
         if place.ifname:
             os.environ["GLOO_SOCKET_IFNAME"] = place.ifname
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d warns about reverse DNS of 198.18.x
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(ranks_per_host),
                           LOCAL_RANK=str(rank % ranks_per_host))
         import torch
@@ -143,6 +142,7 @@ class RankPool:
         self._results = self._ctx.Queue()
         self._tasks = [self._ctx.Queue() for _ in range(self.world_size)]
         master = (self.master_addr, free_port())
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # ranks inherit it: c10d warns on reverse DNS of 198.18.x
         self._procs = [self._ctx.Process(
             target=_rank_main, name=f"autosync-rank{r}", daemon=True,
             args=(r, self.world_size, self.ranks_per_host, master, self.placements[r], self.threads,

@@ -1,0 +1,167 @@
+"""The emulated cluster: real namespaces, veths, tc and gloo ranks. Needs root (skips without)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from autosync.cluster import parse_cluster
+from autosync.executor.emulate import EmulatedCluster, can_emulate, has_netem, list_namespaces, sweep
+from autosync.executor.linkcheck import check_links
+from autosync.executor.measure import TrialSpec, measure
+from autosync.strategy import Strategy
+
+pytestmark = [pytest.mark.skipif(not can_emulate()[0], reason=f"cannot emulate here: {can_emulate()[1]}"),
+              pytest.mark.usefixtures("no_leftover_ranks")]
+DEFAULT = Strategy.default().canonical()
+POWERSGD = Strategy.from_dict({"groups": [{"compressor": {"name": "powersgd", "rank": 4}}]}).canonical()
+
+
+def ours():
+    return set(list_namespaces())
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_namespaces():
+    before = ours()
+    yield
+    assert ours() - before == set(), "namespaces of this test were left behind"
+
+
+def _veths_in_root():
+    out = subprocess.run(["ip", "-o", "link", "show", "type", "veth"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "autosync" in line or " p0@" in line or "veth0@" in line]
+
+
+@pytest.mark.parametrize("spec", ["2x1@100mbit", "2x1@1gbit"])
+def test_point_to_point_bandwidth_is_within_15_percent(spec):
+    cluster = parse_cluster(spec)
+    with EmulatedCluster(cluster) as emu, emu.pool(threads_per_rank=1) as pool:
+        rows = check_links(pool, cluster)
+    assert len(rows) == 2
+    for r in rows:
+        assert abs(r.measured_bps / r.configured_bps - 1) <= 0.15, r
+    assert _veths_in_root() == []
+
+
+@pytest.mark.skipif(not has_netem(), reason="this kernel has no netem qdisc: latency cannot be emulated")
+@pytest.mark.parametrize("latency_ms", [1, 10])
+def test_latency_is_within_20_percent_of_configured_plus_base(latency_ms):
+    base_cluster = parse_cluster("2x1@1gbit")
+    with EmulatedCluster(base_cluster) as emu, emu.pool(threads_per_rank=1) as pool:
+        base = min(r.measured_latency_s for r in check_links(pool, base_cluster))
+    cluster = parse_cluster(f"2x1@1gbit,{latency_ms}ms")
+    with EmulatedCluster(cluster) as emu, emu.pool(threads_per_rank=1) as pool:
+        rows = check_links(pool, cluster)
+    for r in rows:
+        assert abs(r.measured_latency_s - (latency_ms * 1e-3 + base)) <= 0.2 * (latency_ms * 1e-3 + base), r
+
+
+def _step_time(spec, strategy, workload="mlp", batch=32, steps=3):
+    with EmulatedCluster(parse_cluster(spec)) as emu, emu.pool() as pool:
+        result, _ = measure(pool, TrialSpec(workload, strategy, batch, warmup_steps=1, steps=steps), timeout=180)
+    assert result.ok, result.reason
+    return result.median_step_s
+
+
+def test_powersgd_wins_at_100mbit_and_not_at_10gbit():
+    slow_default, slow_psgd = _step_time("2x1@100mbit", DEFAULT), _step_time("2x1@100mbit", POWERSGD)
+    fast_default, fast_psgd = _step_time("2x1@10gbit", DEFAULT), _step_time("2x1@10gbit", POWERSGD)
+    assert slow_psgd < slow_default / 2, (slow_psgd, slow_default)
+    assert fast_psgd >= fast_default * 0.95, (fast_psgd, fast_default)
+
+
+def test_a_slow_link_bounds_the_step_time():
+    fast = _step_time("2x1@1gbit", DEFAULT, "resnet-tiny")
+    mixed = _step_time("2x1@1gbit;node1=100mbit", DEFAULT, "resnet-tiny")
+    slow = _step_time("2x1@100mbit", DEFAULT, "resnet-tiny")
+    assert mixed > 2 * fast, (fast, mixed, slow)
+    assert abs(mixed / slow - 1) < 0.15, (fast, mixed, slow)
+
+
+def test_sweep_removes_what_a_dead_run_left():
+    pid = subprocess.Popen(["true"]).pid
+    os.waitpid(pid, 0)  # a pid that is certainly dead now
+    name = f"autosync-{pid}-abcdef-sw"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    assert name in sweep()
+    assert name not in ours()
+
+
+HANG = "tests/fixtures/faulty.py:hang_on_rank1"
+
+
+def _start_run(*extra):
+    return subprocess.Popen([sys.executable, "-m", "autosync.cli", "run", "--workload", HANG, "--cluster",
+                             "2x1@1gbit", "--steps", "5", "--timeout", "120", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _descendants(pid):
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+    children = {}
+    for line in out.splitlines():
+        c, p = map(int, line.split())
+        children.setdefault(p, []).append(c)
+    found, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.append(c)
+            todo.append(c)
+    return found
+
+
+def _wait_for_ranks(proc, n=2, limit=60):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        ranks = [p for p in _descendants(proc.pid) if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+        if len(ranks) >= n and ours():
+            time.sleep(3)  # let the trial get going: rank 1 hangs at its third step
+            return ranks
+        time.sleep(0.2)
+    raise AssertionError("ranks did not start")
+
+
+def _gone(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            return False
+        except ProcessLookupError:
+            pass
+    return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_a_running_trial_leaves_nothing(sig):
+    before = ours()
+    proc = _start_run()
+    try:
+        ranks = _wait_for_ranks(proc)
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, proc.stderr.read()
+    time.sleep(0.5)
+    assert _gone(ranks)
+    assert ours() - before == set()
+
+
+def test_a_killed_rank_fails_the_trial_and_leaves_nothing():
+    before = ours()
+    proc = subprocess.Popen([sys.executable, "-m", "autosync.cli", "run", "--workload", "mlp", "--cluster",
+                             "2x1@100mbit", "--steps", "30", "--timeout", "120", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ranks = _wait_for_ranks(proc)
+        os.kill(ranks[-1], signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert '"status": "failed"' in out and "SIGKILL" in out
+    assert _gone(ranks)
+    assert ours() - before == set()
