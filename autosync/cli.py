@@ -258,6 +258,65 @@ def _run_under_torchrun(args) -> int:
     return 0
 
 
+def _add_profile(sub) -> None:
+    p = sub.add_parser(
+        "profile", help="profile a workload and a cluster into profile.json",
+        description="Profile a workload (per-parameter sizes, bucket layout, forward/backward/optimizer times, "
+                    "gradient-ready times, FLOPs, peak memory) and a cluster (collective micro-benchmarks fitted "
+                    "to alpha + bytes*beta) on an emulated cluster, or with --nominal from the spec's numbers alone.",
+        epilog="example: autosync profile --workload bert-mini --cluster 2x1@1gbit --out profile.json")
+    p.add_argument("--workload", "--model", dest="workload", required=True, metavar="W", help="workload, as for run")
+    p.add_argument("--cluster", type=_cluster_spec, required=True, metavar="SPEC", help="cluster spec, e.g. 2x1@1gbit")
+    p.add_argument("--batch-size", type=_positive_int, default=None, help="per-rank batch size (default: the workload's)")
+    p.add_argument("--nominal", action="store_true",
+                   help="do not measure the network: take the spec's bandwidth and latency (a cluster you lack)")
+    p.add_argument("--out", default="profile.json", metavar="FILE", help="where to write the profile (default profile.json)")
+    p.add_argument("--timeout", type=_positive_float, default=900.0, help="time limit in seconds (default 900)")
+    p.set_defaults(func=_cmd_profile)
+
+
+def _cmd_profile(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from autosync import workloads
+    from autosync.executor.launch import TrialFailure
+    from autosync.profiler.profile import nominal_profile, run_profile
+
+    model, make_batch = workloads.build(args.workload)
+    batch_size = args.batch_size or workloads.default_batch_size(args.workload)
+    workloads.check_batch(args.workload, model, make_batch, batch_size)
+    del model
+    console = Console(stderr=True)
+    try:
+        if args.nominal:
+            with console.status("profiling the model"):
+                profile = nominal_profile(args.cluster, args.workload, batch_size)
+        else:
+            with _emulation(args.cluster) as cluster, cluster.pool() as pool, \
+                    console.status(f"profiling {args.workload} and {args.cluster}"):
+                profile = run_profile(pool, args.cluster, args.workload, batch_size, timeout=args.timeout)
+    except TrialFailure as f:
+        raise UserError(f"profiling failed ({f.status}): {f.reason}") from None
+    profile.save(args.out)
+    m = profile.model
+    table = Table(title=f"profile of {args.workload} on {args.cluster} -> {args.out}")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for what, value in [("parameters", f"{sum(p.numel for p in m.params) / 1e6:.2f} M in {len(m.params)} tensors"),
+                        ("buckets at 25 MB", str(len(m.buckets(25)))),
+                        ("forward / backward / optimizer", f"{m.forward_s * 1e3:.1f} / {m.backward_s * 1e3:.1f} / "
+                                                           f"{m.optimizer_s * 1e3:.1f} ms"),
+                        ("FLOPs per step", f"{m.flops_per_step / 1e9:.2f} G"),
+                        ("peak memory", f"{m.peak_mem_mb:,.0f} MB")]:
+        table.add_row(what, value)
+    for scope, fits in profile.network.fits.items():
+        f = fits["all_reduce"]
+        table.add_row(f"all_reduce ({scope})", f"alpha {f.alpha_s * 1e6:,.0f} us, {f.bandwidth_bps / 1e6:,.0f} Mbit/s")
+    Console().print(table)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autosync", description="Learn how to synchronize gradients in data-parallel PyTorch "
                                                    "training: profile, propose, predict, measure, recommend.")
@@ -266,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     _add_run(sub)
     _add_cluster(sub)
+    _add_profile(sub)
     return parser
 
 

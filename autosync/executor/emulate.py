@@ -128,7 +128,7 @@ def shape_commands(netns: str, dev: str, link: Link, netem: bool = True) -> list
     Without netem (``netem=False``) only the tbf, as the root qdisc: rate without delay.
     """
     rate_bytes = link.rate_bps / 8
-    burst = max(64 * 1024, int(rate_bytes * 0.002))         # 2 ms of traffic, at least one GSO packet
+    burst = max(64 * 1024, int(rate_bytes * 0.0005))        # 0.5 ms of traffic, at least one GSO packet
     limit = max(4 * 1024 * 1024, int(rate_bytes * 0.25))    # 250 ms of queue: TCP is not starved by drops
     tc = ["ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", dev]
     tbf = ["tbf", "rate", f"{int(link.rate_bps)}bit", "burst", str(burst), "limit", str(limit)]

@@ -1,0 +1,93 @@
+"""Profile = ModelProfile + NetworkProfile + cluster spec + environment, as versioned JSON."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autosync.cluster import Cluster, parse_cluster
+from autosync.errors import UserError
+from autosync.executor.launch import RankContext, RankPool
+from autosync.profiler.model import ModelProfile, profile_model
+from autosync.profiler.network import NetworkProfile, profile_network
+
+PROFILE_VERSION = 1
+
+
+class ProfileError(UserError):
+    """A profile file that cannot be read, or is of another version."""
+
+
+def environment() -> dict:
+    import torch
+
+    return {"torch": torch.__version__, "backend": "gloo", "cores": os.cpu_count(), "python": platform.python_version(),
+            "machine": platform.machine()}
+
+
+@dataclass
+class Profile:
+    model: ModelProfile
+    network: NetworkProfile
+    cluster: Cluster
+    env: dict = field(default_factory=environment)
+
+    @property
+    def context_id(self) -> str:
+        """Identifies a (workload, batch, cluster) context: rows of one context are comparable."""
+        return f"{self.model.workload}|b{self.model.batch_size}|{self.cluster.spec()}"
+
+    def to_dict(self) -> dict:
+        return {"autosync_profile": PROFILE_VERSION, "cluster": self.cluster.spec(), "environment": self.env,
+                "model": self.model.to_dict(), "network": self.network.to_dict()}
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        os.replace(tmp, path)
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "<profile>") -> "Profile":
+        if not isinstance(d, dict) or "autosync_profile" not in d:
+            raise ProfileError(f"{source}: not an autosync profile (no 'autosync_profile' version field)")
+        if d["autosync_profile"] != PROFILE_VERSION:
+            raise ProfileError(f"{source}: profile version {d['autosync_profile']!r} is not supported "
+                               f"(this autosync reads version {PROFILE_VERSION}); profile again")
+        try:
+            return cls(ModelProfile.from_dict(d["model"]), NetworkProfile.from_dict(d["network"]),
+                       parse_cluster(d["cluster"]), d.get("environment", {}))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProfileError(f"{source}: malformed profile ({type(e).__name__}: {e})") from None
+
+
+def load_profile(path: str | Path) -> Profile:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read profile ({e.strerror})") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    return Profile.from_dict(d, str(path))
+
+
+def _model_task(ctx: RankContext, workload: str, batch_size: int | None) -> dict:
+    """Every rank profiles its own copy at once, so compute shares the cores as in training."""
+    return profile_model(workload, batch_size).to_dict()
+
+
+def run_profile(pool: RankPool, cluster: Cluster, workload: str, batch_size: int | None = None,
+                measure_network: bool = True, timeout: float = 600.0) -> Profile:
+    """Profile ``workload`` and the network of ``pool`` (or the spec's nominal numbers)."""
+    model = ModelProfile.from_dict(pool.run(_model_task, workload, batch_size, timeout=timeout)[0])
+    network = profile_network(pool, timeout=timeout) if measure_network else NetworkProfile.nominal(cluster)
+    return Profile(model, network, cluster)
+
+
+def nominal_profile(cluster: Cluster, workload: str, batch_size: int | None = None) -> Profile:
+    """Prediction-only profile: the model profiled here, the network from the spec's numbers."""
+    return Profile(profile_model(workload, batch_size), NetworkProfile.nominal(cluster), cluster)
