@@ -317,6 +317,45 @@ def _cmd_profile(args) -> int:
     return 0
 
 
+def _add_collect(sub) -> None:
+    p = sub.add_parser(
+        "collect", help="measure baselines and random strategies into a dataset",
+        description="Build the runtime dataset: for every (workload, cluster) context, profile once, then measure "
+                    "every hand-crafted baseline and N random strategies on the emulated cluster, keeping the rank "
+                    "processes alive across trials. Each result is appended at once; run the same command again "
+                    "after an interruption and it skips what is stored.",
+        epilog="example: autosync collect --workloads mlp ncf --clusters 2x1@100mbit 2x2@1gbit --per-context 20")
+    p.add_argument("--workloads", nargs="+", required=True, metavar="W", help="workloads, as for run")
+    p.add_argument("--clusters", nargs="+", required=True, type=_cluster_spec, metavar="SPEC", help="cluster specs")
+    p.add_argument("--per-context", type=_non_negative_int, default=20,
+                   help="random strategies per context, besides the baselines (default 20)")
+    p.add_argument("--data", default="autosync-data", metavar="DIR", help="dataset directory (default ./autosync-data)")
+    p.add_argument("--batch-size", type=_positive_int, default=None, help="per-rank batch size (default: the workload's)")
+    p.add_argument("--timeout", type=_positive_float, default=90.0, help="time limit of each trial (default 90 s)")
+    p.add_argument("--budget", type=_positive_float, default=4.0,
+                   help="about how long the timed steps of one trial may take (default 4 s; at least 3 steps)")
+    p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random draws (default 0)")
+    p.set_defaults(func=_cmd_collect)
+
+
+def _cmd_collect(args) -> int:
+    from autosync import workloads
+    from autosync.datasets.store import DatasetStore
+    from autosync.search.collect import collect
+    from autosync.search.trials import TrialSettings
+
+    for name in args.workloads:
+        model, make_batch = workloads.build(name)
+        workloads.check_batch(name, model, make_batch, args.batch_size or workloads.default_batch_size(name))
+    store = DatasetStore(args.data)
+    store.read()  # a damaged dataset is reported before anything is measured
+    settings = TrialSettings(timeout_s=args.timeout, time_budget_s=args.budget, seed=args.seed)
+    counts = collect(args.workloads, args.clusters, store, args.per_context, settings, args.batch_size, args.seed)
+    print(f"collect: {counts['ok']} ok, {counts['failed']} failed, {counts['timeout']} timed out, "
+          f"{counts['skipped']} already stored -> {args.data}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autosync", description="Learn how to synchronize gradients in data-parallel PyTorch "
                                                    "training: profile, propose, predict, measure, recommend.")
@@ -326,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_cluster(sub)
     _add_profile(sub)
+    _add_collect(sub)
     return parser
 
 

@@ -20,13 +20,15 @@ def _ranks_per_host(ranks_per_host: int | None) -> int | None:
 
 
 def apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy | str | os.PathLike,
-          process_group=None, ranks_per_host: int | None = None, **hook_options):
+          process_group=None, ranks_per_host: int | None = None, init_sync: bool = True, **hook_options):
     """Return ``(ddp_model, optimizer)`` that train ``model`` by ``strategy``.
 
     Call on every rank after ``init_process_group``, with ``optimizer`` built over
     ``model.parameters()``. ``strategy`` is a Strategy or the path of a strategy file.
     ``ranks_per_host`` (default: ``$LOCAL_WORLD_SIZE``, else all ranks on one host) sets the
     hosts of ``hierarchical_allreduce`` and of local SGD's intra-host averaging.
+    ``init_sync=False`` skips DDP's initial broadcast of rank 0's parameters (only when every
+    rank built identical parameters, e.g. from one seed).
 
     - fusion -> DDP's ``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``;
     - groups -> one comm hook (:mod:`autosync.executor.hooks`);
@@ -46,7 +48,8 @@ def apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: St
                       embedding_parameter_names(model), **hook_options)
     fusion = strategy.fusion
     ddp = DDP(model, process_group=pg, bucket_cap_mb=fusion.bucket_cap_mb,
-              gradient_as_bucket_view=fusion.gradient_as_bucket_view, static_graph=fusion.static_graph)
+              gradient_as_bucket_view=fusion.gradient_as_bucket_view, static_graph=fusion.static_graph,
+              init_sync=init_sync)
     ddp.register_comm_hook(state, autosync_hook)
     ddp.autosync_state = state
 

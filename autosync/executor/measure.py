@@ -36,6 +36,8 @@ class TrialSpec:
     record_params: bool = False     # return the final parameters of rank 0 (for equivalence tests)
     builtin_ddp: bool = False       # plain DDP with its built-in all-reduce (no autosync hook): the reference
     force_worker: bool = False      # run plain all-reduce through the segment worker too (hook benchmark)
+    time_budget_s: float | None = None  # cap timed steps at ~budget / (slowest warm-up step), at least min_steps
+    min_steps: int = 3
 
 
 @dataclass
@@ -106,16 +108,17 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
 
         f = strategy.fusion
         ddp = DDP(model, bucket_cap_mb=f.bucket_cap_mb, gradient_as_bucket_view=f.gradient_as_bucket_view,
-                  static_graph=f.static_graph)
-    else:
-        ddp, optimizer = apply(model, optimizer, strategy, force_worker=spec.force_worker)
+                  static_graph=f.static_graph, init_sync=False)
+    else:  # every rank built the model from the same seed: DDP's initial broadcast is not needed
+        ddp, optimizer = apply(model, optimizer, strategy, init_sync=False, force_worker=spec.force_worker)
     gen = torch.Generator().manual_seed(spec.seed * 100_003 + ctx.rank)
     total = spec.warmup_steps + spec.steps
-    batches = [make_batch(spec.batch_size, gen) for _ in range(total)]
     times, losses = [], []
     try:
         dist.barrier()
-        for batch in batches:
+        step = 0
+        while step < total:
+            batch = make_batch(spec.batch_size, gen)
             t0 = time.perf_counter()
             loss = workloads.loss_of(ddp(**batch))
             loss.backward()
@@ -123,6 +126,12 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
             optimizer.zero_grad(set_to_none=False)
             times.append(time.perf_counter() - t0)
             losses.append(loss.item())
+            step += 1
+            if step == spec.warmup_steps and spec.time_budget_s:
+                slowest = torch.tensor([max(times[-1:] or [0.0])])
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # every rank takes the same decision
+                fits = int(spec.time_budget_s / max(slowest.item(), 1e-6))
+                total = spec.warmup_steps + max(spec.min_steps, min(spec.steps, fits))
     finally:
         release(ddp)
     summary = torch.tensor([times, losses], dtype=torch.float64)

@@ -217,7 +217,7 @@ def _bench_task(ctx: RankContext, sizes, max_op_s: float, reps: int) -> dict:
     return results
 
 
-def profile_network(pool: RankPool, sizes=SIZES, max_op_s: float = 0.4, reps: int = 3,
+def profile_network(pool: RankPool, sizes=SIZES, max_op_s: float = 0.3, reps: int = 2,
                     timeout: float = 600.0) -> NetworkProfile:
     """Benchmark the pool's process group and fit alpha/beta per scope and collective."""
     per_rank = pool.run(_bench_task, tuple(sizes), max_op_s, reps, timeout=timeout)

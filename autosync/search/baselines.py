@@ -1,0 +1,63 @@
+"""Hand-crafted strategies a user would otherwise pick, named after their sources.
+
+Each is built from a Profile (parameter names, sizes, embeddings, world size):
+
+- ``ddp_default``: PyTorch DDP as shipped: 25 MB buckets, one ring all-reduce.
+- ``horovod_fp16``: Horovod's ``--fp16-allreduce``: every gradient all-reduced in fp16.
+- ``powersgd_r4``: PowerSGD (Vogels et al. 2019) rank 4 with error feedback, torch's hook.
+- ``ps``: one parameter server on rank 0 (AutoDist's ``PS``).
+- ``ps_load_balancing``: one server per tensor, tensors placed greedily on the least-loaded
+  rank by bytes (AutoDist's ``PSLoadBalancing``).
+- ``partitioned_ps``: tensors of 1 MiB or more split into one shard per rank
+  (reduce-scatter + all-gather), the rest load-balanced as above (AutoDist's ``PartitionedPS``).
+- ``parallax``: embedding tables exchanged as row-sparse, dense tensors all-reduced
+  (Kim et al., Parallax, EuroSys 2019). Equal to ``ddp_default`` for models without embeddings.
+- ``hierarchical``: reduce inside each host, all-reduce among hosts, broadcast back
+  (Horovod's hierarchical all-reduce).
+- ``local_sgd_4``: post-local SGD (Lin et al. 2020), averaging every 4 steps after 2 warm-up steps.
+"""
+from __future__ import annotations
+
+from autosync.profiler import Profile
+from autosync.strategy import Strategy
+
+LARGE_TENSOR_BYTES = 1 << 20
+
+
+def _per_tensor_ps(names: list[str]) -> list[dict]:
+    return [{"match": n, "plan": "ps"} for n in names]
+
+
+def baselines(profile: Profile) -> dict[str, Strategy]:
+    """Name -> strategy, without duplicates (a baseline equal to an earlier one is left out)."""
+    params = profile.model.params
+    world = profile.cluster.world_size
+    names = [p.name for p in params]
+    embeddings = [p.name for p in params if p.is_embedding]
+    large = [p.name for p in params if p.nbytes >= LARGE_TENSOR_BYTES]
+    small = [n for n in names if n not in large]
+    raw: dict[str, dict] = {
+        "ddp_default": {},
+        "horovod_fp16": {"groups": [{"match": "*", "compressor": "fp16"}]},
+        "powersgd_r4": {"groups": [{"match": "*", "compressor": {"name": "powersgd", "rank": 4}}]},
+        "ps": {"groups": [{"match": "*", "plan": "ps", "placement": [0]}]},
+        "ps_load_balancing": {"groups": _per_tensor_ps(names)},
+        "partitioned_ps": {"groups": ([{"match": large, "plan": "sharded_ps", "partitions": world}] if large else [])
+                           + _per_tensor_ps(small)},
+        "parallax": {"groups": ([{"match": embeddings, "plan": "row_sparse"}, {"match": "*"}]
+                                if embeddings else [{"match": "*"}])},
+        "hierarchical": {"groups": [{"match": "*", "plan": "hierarchical_allreduce"}]},
+        "local_sgd_4": {"sync": {"mode": "local_sgd", "period": 4, "warmup_steps": 2}},
+    }
+    out: dict[str, Strategy] = {}
+    seen: set[str] = set()
+    for name, spec in raw.items():
+        if world == 1 and name != "ddp_default":
+            continue
+        if name == "partitioned_ps" and world == 1:
+            continue
+        strategy = Strategy.from_dict(spec)
+        if strategy.hash not in seen:
+            seen.add(strategy.hash)
+            out[name] = strategy
+    return out

@@ -1,0 +1,80 @@
+"""`collect`: build the runtime dataset, context by context.
+
+Per (workload, cluster) context: bring the emulated cluster up once, profile once (or
+reuse the stored profile), then measure every baseline and ``per_context`` strategies
+drawn at random from the full space, on ranks kept alive across the trials. The random
+draws are seeded by the context, so an interrupted campaign, started again, draws the
+same strategies and skips those already stored.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from autosync.cluster import Cluster
+from autosync.datasets.store import DatasetStore
+from autosync.executor.emulate import emulate
+from autosync.profiler import Profile
+from autosync.profiler.profile import run_profile
+from autosync.search.baselines import baselines
+from autosync.search.space import random_strategies
+from autosync.search.trials import TrialSettings, run_trials
+from autosync.strategy import Strategy
+
+log = logging.getLogger(__name__)
+
+
+def context_seed(context_id: str, seed: int) -> int:
+    return int(hashlib.sha256(f"{context_id}|{seed}".encode()).hexdigest()[:8], 16)
+
+
+def candidates_for(profile: Profile, per_context: int, seed: int) -> list[tuple[str, Strategy]]:
+    """Baselines first (the DDP default leads), then the context's random draws."""
+    out = list(baselines(profile).items())
+    known = {s.hash for _, s in out}
+    for s in random_strategies(profile, per_context + len(out), context_seed(profile.context_id, seed)):
+        if s.hash not in known and len(out) < len(known) + per_context:
+            out.append(("random", s))
+    return out[:len(known) + per_context]
+
+
+def collect(workloads: list[str], clusters: list[Cluster], store: DatasetStore, per_context: int,
+            settings: TrialSettings = TrialSettings(), batch_size: int | None = None, seed: int = 0,
+            progress: bool = True) -> dict[str, int]:
+    """Run the campaign; returns counts of trials by status (skipped = already stored)."""
+    counts = {"ok": 0, "failed": 0, "timeout": 0, "skipped": 0}
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("ETA"), TimeRemainingColumn(), disable=not progress, transient=False)
+    with bar:
+        total = bar.add_task("collect", total=len(workloads) * len(clusters) * (per_context + 9))
+        for cluster in clusters:
+            with emulate(cluster) as emu, emu.pool() as pool:
+                for workload in workloads:
+                    bar.update(total, description=f"{workload} on {cluster}: profiling")
+                    profile = _profile(pool, cluster, workload, batch_size, store)
+                    cands = candidates_for(profile, per_context, seed)
+                    bar.update(total, description=f"{workload} on {cluster}")
+
+                    def done(source, strategy, result):
+                        counts["skipped" if result is None else result.status] += 1
+                        bar.advance(total)
+
+                    run_trials(pool, profile, cands, store, settings, on_done=done)
+        bar.update(total, description="collect: done")
+    store.compact()
+    return counts
+
+
+def _profile(pool, cluster: Cluster, workload: str, batch_size: int | None, store: DatasetStore) -> Profile:
+    from autosync import workloads as wl
+
+    batch = batch_size or wl.default_batch_size(workload)
+    context_id = f"{workload}|b{batch}|{cluster.spec()}"
+    stored = store.load_profile_dict(context_id)
+    if stored is not None:
+        return Profile.from_dict(stored, str(store.profile_path(context_id)))
+    profile = run_profile(pool, cluster, workload, batch)
+    store.save_profile(profile.context_id, profile.to_dict())
+    return profile

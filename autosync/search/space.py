@@ -1,0 +1,103 @@
+"""The strategy space as an Optuna define-by-run space, and its mapping back to a Strategy.
+
+Groups are formed from the profile, so the space has the same size for a model of ten
+tensors or of hundreds: the tensors, in gradient-ready order (DDP's bucket order), are cut
+into ``n_groups`` contiguous runs of about equal bytes; embedding tables, when the model
+has them, may form a group of their own first. Each group then chooses
+
+    plan       allreduce | hierarchical_allreduce (several hosts of several ranks) | ps | sharded_ps
+               | row_sparse (the embedding group only)
+    compressor none | fp16 | bf16, and with allreduce also powersgd {rank} | topk {ratio}
+    partitions sharded_ps: 2, 4 or one per rank (owners balanced by bytes)
+
+plus global choices: bucket size, sync mode (bsp or local SGD with a period) and ZeRO.
+Parameter names are distinct per condition (``g1_compressor_allreduce``), which Optuna's
+samplers need for conditional spaces. ``lossless=True`` keeps only lossless choices.
+"""
+from __future__ import annotations
+
+import optuna
+
+from autosync.profiler import Profile
+from autosync.strategy import Strategy
+
+BUCKET_CAPS_MB = (1.0, 4.0, 10.0, 25.0, 50.0, 100.0)
+POWERSGD_RANKS = (1, 2, 4, 8, 16)
+TOPK_RATIOS = (0.001, 0.01, 0.05)
+LOCAL_SGD_PERIODS = (2, 4, 8)
+LOCAL_SGD_WARMUP = 2
+MAX_GROUPS = 4
+
+
+def _chunks(names: list[str], sizes: list[int], n: int) -> list[list[str]]:
+    """Cut ``names`` (in order) into at most ``n`` contiguous runs of about equal total size."""
+    total = sum(sizes) or 1
+    runs: list[list[str]] = [[]]
+    acc = 0
+    for name, size in zip(names, sizes):
+        if runs[-1] and acc >= total * len(runs) / n and len(runs) < n:
+            runs.append([])
+        runs[-1].append(name)
+        acc += size
+    return [r for r in runs if r]
+
+
+def suggest(trial: optuna.trial.BaseTrial, profile: Profile, lossless: bool = False) -> Strategy:
+    """Ask ``trial`` for every choice and return the Strategy they make."""
+    cluster = profile.cluster
+    world = cluster.world_size
+    params = profile.model.params
+    embeddings = [p for p in params if p.is_embedding]
+    split_emb = bool(embeddings) and trial.suggest_categorical("split_embeddings", [True, False])
+    dense = [p for p in params if not (split_emb and p.is_embedding)]
+    n_groups = trial.suggest_int("n_groups", 1, min(MAX_GROUPS, len(dense)))
+    groups_names: list[tuple[list[str], bool]] = []
+    if split_emb:
+        groups_names.append(([p.name for p in embeddings], True))
+    groups_names += [(run, False) for run in _chunks([p.name for p in dense], [p.nbytes for p in dense], n_groups)]
+
+    plans = ["allreduce", "ps", "sharded_ps"]
+    if cluster.nodes > 1 and cluster.ranks_per_node > 1:
+        plans.append("hierarchical_allreduce")
+    groups = []
+    for gi, (names, is_emb) in enumerate(groups_names):
+        choices = plans + (["row_sparse"] if is_emb else [])
+        plan = trial.suggest_categorical(f"g{gi}_plan{'_emb' if is_emb else ''}", choices)
+        group: dict = {"match": names, "plan": plan}
+        if plan == "sharded_ps":
+            parts = sorted({2, 4, world} - {1})
+            group["partitions"] = trial.suggest_categorical(f"g{gi}_partitions", parts) if parts else 2
+        comps = ["none"] if lossless else ["none", "fp16", "bf16"] + (["powersgd", "topk"] if plan == "allreduce" else [])
+        comp = trial.suggest_categorical(f"g{gi}_compressor_{plan}", comps)
+        if comp == "powersgd":
+            group["compressor"] = {"name": comp, "rank": trial.suggest_categorical(f"g{gi}_powersgd_rank", POWERSGD_RANKS)}
+        elif comp == "topk":
+            group["compressor"] = {"name": comp, "ratio": trial.suggest_categorical(f"g{gi}_topk_ratio", TOPK_RATIOS)}
+        else:
+            group["compressor"] = comp
+        groups.append(group)
+    groups[-1]["match"] = "*"  # the last group takes the rest: shorter files, same cover
+
+    raw: dict = {"groups": groups, "fusion": {"bucket_cap_mb": trial.suggest_categorical("bucket_cap_mb", BUCKET_CAPS_MB)}}
+    mode = "bsp" if lossless else trial.suggest_categorical("sync_mode", ["bsp", "local_sgd"])
+    if mode == "local_sgd":
+        raw["sync"] = {"mode": "local_sgd", "warmup_steps": LOCAL_SGD_WARMUP,
+                       "period": trial.suggest_categorical("local_sgd_period", LOCAL_SGD_PERIODS)}
+    elif trial.suggest_categorical("zero", [False, True]):
+        raw["optimizer_sharding"] = "zero"
+    return Strategy.from_dict(raw)
+
+
+def random_strategies(profile: Profile, n: int, seed: int, lossless: bool = False) -> list[Strategy]:
+    """``n`` distinct strategies drawn at random from the space (Optuna's RandomSampler), reproducibly."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    out: dict[str, Strategy] = {}
+    for _ in range(n * 20):
+        if len(out) >= n:
+            break
+        trial = study.ask()
+        strategy = suggest(trial, profile, lossless)
+        study.tell(trial, 0.0)
+        out.setdefault(strategy.hash, strategy)
+    return list(out.values())
