@@ -16,9 +16,12 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# The main job: tune a workload for an emulated 2-host 100 Mbit/s cluster, then run the winner.
+DEMO_WORKLOAD ?= resnet-tiny
+DEMO_CLUSTER ?= 2x1@100mbit
 demo: $(STAMP)
-	$(BIN)/autosync run --workload mlp --nproc 2 --steps 10
-	$(BIN)/autosync run --workload mlp --nproc 2 --steps 10 --strategy examples/fp16_allreduce.yaml
+	$(BIN)/autosync tune --workload $(DEMO_WORKLOAD) --cluster $(DEMO_CLUSTER) --measure 6 --out strategy.yaml
+	$(BIN)/autosync run --workload $(DEMO_WORKLOAD) --cluster $(DEMO_CLUSTER) --strategy strategy.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

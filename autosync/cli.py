@@ -356,6 +356,178 @@ def _cmd_collect(args) -> int:
     return 0
 
 
+SHIPPED_DATA = "shipped"
+
+
+def _data_store(path: str):
+    from pathlib import Path
+
+    from autosync.datasets.store import DatasetStore
+
+    if path == SHIPPED_DATA:
+        path = str(Path(__file__).parent / "datasets" / "data")
+    store = DatasetStore(path, create=False)
+    return store
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train the LightGBM cost model on a dataset",
+                       description="Fit the cost model (LightGBM ranker or regressor on the speedup over the DDP "
+                                   "default) to a dataset and save it as LightGBM text plus a JSON card. With "
+                                   "--evaluate, the card carries its leave-one-workload/cluster-out metrics.")
+    p.add_argument("--data", default=SHIPPED_DATA, metavar="DIR",
+                   help="dataset directory (default: the dataset shipped with autosync)")
+    p.add_argument("--out", default="autosync-model", metavar="DIR", help="output directory (default ./autosync-model)")
+    p.add_argument("--kind", choices=["ranker", "regressor"], default="ranker", help="model kind (default ranker)")
+    p.add_argument("--evaluate", action="store_true", help="also run the held-out evaluation and store it in the card")
+    p.add_argument("--seed", type=_non_negative_int, default=0)
+    p.set_defaults(func=_cmd_train)
+
+
+def _cmd_train(args) -> int:
+    from autosync.models.train import train_and_save
+
+    store = _data_store(args.data)
+    card = train_and_save(store, args.out, args.kind, args.evaluate, args.seed)
+    print(f"trained {card['kind']} on {card['rows']} trials of {card['contexts']} contexts -> {args.out}")
+    if "held_out" in card:
+        for split, figures in card["held_out"].items():
+            print(f"  leave-one-{split}-out: pairwise {figures['pairwise']:.3f}, top-1 regret {figures['regret']:.1%}")
+    return 0
+
+
+def _add_evaluate(sub) -> None:
+    p = sub.add_parser("evaluate", help="held-out transfer evaluation of the cost model",
+                       description="Leave-one-workload-out and leave-one-cluster-out evaluation: pairwise ranking "
+                                   "accuracy, Kendall tau, top-1 regret and top-5 hit, for the LightGBM ranker, the "
+                                   "regressor, the simulator alone and the ranker without simulator features.")
+    p.add_argument("--data", default=SHIPPED_DATA, metavar="DIR", help="dataset directory (default: shipped)")
+    p.add_argument("--split", choices=["workload", "cluster", "both"], default="both")
+    p.add_argument("--plot", default="transfer.png", metavar="PNG", help="where to write the plot (default transfer.png)")
+    p.add_argument("--markdown", metavar="FILE", help="also write the summary table as Markdown")
+    p.add_argument("--seed", type=_non_negative_int, default=0)
+    p.set_defaults(func=_cmd_evaluate)
+
+
+def _cmd_evaluate(args) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from autosync.models import training, transfer
+
+    data = training.build(_data_store(args.data))
+    splits = ("workload", "cluster") if args.split == "both" else (args.split,)
+    with Console(stderr=True).status("training and scoring held-out groups"):
+        report = transfer.evaluate(data, splits, seed=args.seed)
+    table = Table(title=f"transfer to held-out groups ({len(data.frame)} trials, "
+                        f"{data.frame.context_id.nunique()} contexts)")
+    for col in ("split", "method", "pairwise acc.", "Kendall tau", "top-1 regret", "best in top 5"):
+        table.add_column(col, justify="right")
+    for _, r in report.summary.iterrows():
+        table.add_row(f"leave-one-{r.split}-out", str(r.method), f"{r.pairwise:.3f}", f"{r.kendall_tau:.3f}",
+                      f"{r.regret:.1%}", f"{r.top5_hit:.0%}")
+    Console().print(table)
+    transfer.plot(report, args.plot)
+    if args.markdown:
+        Path(args.markdown).write_text(report.to_markdown() + "\n")
+    print(f"plot -> {args.plot}")
+    return 0
+
+
+def _storage_url(text: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        make_url(text)
+    except Exception:  # noqa: BLE001 - sqlalchemy's ArgumentError and friends
+        raise argparse.ArgumentTypeError(f"{text!r} is not a database URL (e.g. sqlite:///tune.db, "
+                                         "postgresql://user@host:5432/db)") from None
+    return text
+
+
+def _add_tune(sub) -> None:
+    p = sub.add_parser(
+        "tune", help="find the best synchronization strategy (the main job)",
+        description="Profile the workload and the cluster, let Optuna propose strategies scored by the LightGBM cost "
+                    "model, measure the most promising ones for real on the emulated cluster (plus the DDP default and "
+                    "the best-predicted hand-crafted baseline), and write the fastest measured strategy. It never "
+                    "recommends something slower than the measured DDP default.",
+        epilog="example: autosync tune --workload bert-mini --cluster 2x1@100mbit --measure 8 --out strategy.yaml")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--workload", metavar="W", help="a built-in workload, or 'pkg.module:function'")
+    which.add_argument("--model", metavar="FN", help="your own workload: 'pkg.module:function' or 'file.py:function'")
+    p.add_argument("--cluster", type=_cluster_spec, required=True, metavar="SPEC", help="cluster spec, e.g. 2x1@1gbit")
+    p.add_argument("--measure", type=_non_negative_int, default=8,
+                   help="strategies to measure for real, references included (default 8; 0 = predict only, "
+                        "for a cluster you do not have)")
+    p.add_argument("--lossless", action="store_true", help="only strategies that keep DDP's math (no compression, "
+                                                             "no local SGD)")
+    p.add_argument("--storage", type=_storage_url, default="sqlite:///autosync-tune.db", metavar="URL",
+                   help="Optuna storage; share a PostgreSQL URL between workers (default sqlite:///autosync-tune.db)")
+    p.add_argument("--out", default="strategy.yaml", metavar="FILE", help="recommended strategy (default strategy.yaml)")
+    p.add_argument("--plot", default=None, metavar="PNG", help="predicted vs measured plot (default: next to --out)")
+    p.add_argument("--data", default="autosync-data", metavar="DIR",
+                   help="where measurements are appended (default ./autosync-data)")
+    p.add_argument("--batch-size", type=_positive_int, default=None, help="per-rank batch size (default: the workload's)")
+    p.add_argument("--candidates", type=_positive_int, default=500, help="candidates scored in the first round (default 500)")
+    p.add_argument("--cost-model", metavar="DIR", default=None, help="a model from `autosync train` (default: shipped)")
+    p.add_argument("--seed", type=_non_negative_int, default=0)
+    p.set_defaults(func=_cmd_tune)
+
+
+def _cmd_tune(args) -> int:
+    import math
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from autosync.api import resolve_workload, run_tune
+    from autosync.search.tuner import plot_predicted_vs_measured, strategy_file_text
+
+    workload = resolve_workload(args.workload or args.model, batch_size=args.batch_size)
+    err = Console(stderr=True)
+    with err.status("starting") as status:
+        def on_measured(m):
+            err.print(f"  measured {m.source:<18} {m.strategy.hash}  {m.status:<7} {m.samples_per_s:10,.1f} samples/s"
+                      + (f"  ({m.reason})" if m.reason else ""), markup=False, highlight=False)
+
+        result, profile = run_tune(workload, args.cluster, args.measure, args.lossless, args.storage, args.data,
+                                   args.batch_size, args.cost_model, args.seed, args.candidates,
+                                   on_measured=on_measured, status=lambda text: status.update(text))
+    Path(args.out).write_text(strategy_file_text(result, profile))
+    console = Console()
+    if result.measured:
+        table = Table(title=f"measured on {args.cluster} ({workload}, batch {profile.model.batch_size}/rank)")
+        for col in ("source", "strategy", "lossless", "predicted speedup", "status", "samples/s", "vs default"):
+            table.add_column(col, justify="right")
+        for m in result.measured:
+            vs = (f"{m.samples_per_s / result.default_samples_per_s:.2f}x"
+                  if m.status == "ok" and result.default_samples_per_s else "-")
+            pred = "-" if math.isnan(m.predicted_speedup) else f"{m.predicted_speedup:.2f}x"
+            table.add_row(m.source, m.strategy.hash, "yes" if m.strategy.is_lossless else "no", pred, m.status,
+                          f"{m.samples_per_s:,.1f}" if m.status == "ok" else "-", vs)
+        console.print(table)
+        plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
+        plot_predicted_vs_measured(result, plot_path)
+        console.print(f"plot -> {plot_path}")
+    summary = f"recommended: {result.source} ({result.strategy.hash})"
+    if result.speedup_over_default:
+        summary += f", {result.speedup_over_default:.2f}x the DDP default"
+    if result.speedup_over_best_baseline:
+        summary += f", {result.speedup_over_best_baseline:.2f}x the best baseline ({result.best_baseline[0]})"
+    if not math.isnan(result.predicted_speedup):
+        summary += f"; predicted {result.predicted_speedup:.2f}x"
+    console.print(summary, markup=False)
+    if result.note:
+        console.print(f"note: {result.note}", markup=False)
+    console.print(f"search overhead {result.search_seconds:.1f} s for {result.candidates_scored} candidates; "
+                  f"strategy -> {args.out}", markup=False)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autosync", description="Learn how to synchronize gradients in data-parallel PyTorch "
                                                    "training: profile, propose, predict, measure, recommend.")
@@ -366,6 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster(sub)
     _add_profile(sub)
     _add_collect(sub)
+    _add_train(sub)
+    _add_evaluate(sub)
+    _add_tune(sub)
     return parser
 
 

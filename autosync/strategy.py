@@ -168,7 +168,19 @@ class Group:
         return self.match == ("*",)
 
     def matches(self, name: str) -> bool:
-        return any(fnmatch.fnmatchcase(name, m) for m in self.match)
+        literal, globs = self._patterns
+        return name in literal or any(fnmatch.fnmatchcase(name, m) for m in globs)
+
+    @property
+    def _patterns(self) -> tuple[frozenset[str], tuple[str, ...]]:
+        """(exact names, real globs): exact names are looked up, not matched (groups of hundreds of names)."""
+        cached = self.__dict__.get("_pattern_cache")
+        if cached is None:
+            is_glob = [any(c in m for c in "*?[") for m in self.match]
+            cached = (frozenset(m for m, g in zip(self.match, is_glob) if not g),
+                      tuple(m for m, g in zip(self.match, is_glob) if g))
+            object.__setattr__(self, "_pattern_cache", cached)
+        return cached
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"match": self.match[0] if len(self.match) == 1 else list(self.match), "plan": self.plan, "compressor": self.compressor.to_dict()}

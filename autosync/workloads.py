@@ -217,7 +217,9 @@ def _load_user_function(spec: str) -> Callable:
     return fn
 
 
-def default_batch_size(name: str) -> int:
+def default_batch_size(name) -> int:
+    if isinstance(name, InMemory):
+        return name.batch_size
     info = BUILTINS.get(name)
     return info.batch_size if info else DEFAULT_BATCH_SIZE
 
@@ -230,8 +232,28 @@ def _quiet_transformers() -> None:
         pass
 
 
-def build(name: str, seed: int = 0) -> tuple[nn.Module, MakeBatch]:
-    """Build a workload by name with the model initialized from ``seed``; validate its contract."""
+@dataclass(frozen=True)
+class InMemory:
+    """A model object and its make_batch, handed to rank processes by value (they get copies).
+
+    ``make_batch`` must be picklable: a module-level function or a functools.partial of one.
+    """
+
+    name: str
+    model: nn.Module
+    make_batch: MakeBatch
+    batch_size: int = DEFAULT_BATCH_SIZE
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def build(name, seed: int = 0) -> tuple[nn.Module, MakeBatch]:
+    """Build a workload by name (or copy an InMemory one); validate its contract."""
+    if isinstance(name, InMemory):
+        import copy
+
+        return copy.deepcopy(name.model), name.make_batch
     fn = BUILTINS[name].build if name in BUILTINS else _load_user_function(name)
     _quiet_transformers()
     torch.manual_seed(seed)

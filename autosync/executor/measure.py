@@ -25,7 +25,7 @@ from autosync.strategy import Strategy
 class TrialSpec:
     """What one trial runs. ``strategy`` is the canonical dict (picklable, hashable by content)."""
 
-    workload: str
+    workload: Any                   # a workload name, or a workloads.InMemory
     strategy: dict
     batch_size: int
     warmup_steps: int = 3
@@ -152,7 +152,7 @@ def summarize(spec: TrialSpec, world_size: int, raw: dict[str, Any], wall_s: flo
     median = statistics.median(timed)
     mean = statistics.fmean(timed)
     cv = statistics.pstdev(timed) / mean if len(timed) > 1 and mean > 0 else 0.0
-    return TrialResult(spec.workload, Strategy.from_dict(spec.strategy).hash, world_size, spec.batch_size, "ok",
+    return TrialResult(str(spec.workload), Strategy.from_dict(spec.strategy).hash, world_size, spec.batch_size, "ok",
                        samples_per_s=world_size * spec.batch_size / median, median_step_s=median, cv=cv,
                        peak_mem_mb=raw["peak_mem_mb"], step_times=timed, losses=raw["losses"], wall_s=wall_s)
 
@@ -166,7 +166,7 @@ def measure(pool: RankPool, spec: TrialSpec, timeout: float = 300.0) -> tuple[Tr
     try:
         per_rank = pool.run(run_trial, spec, timeout=timeout)
     except TrialFailure as f:
-        result = TrialResult(spec.workload, Strategy.from_dict(spec.strategy).hash, pool.world_size,
+        result = TrialResult(str(spec.workload), Strategy.from_dict(spec.strategy).hash, pool.world_size,
                              spec.batch_size, f.status, f.reason, wall_s=time.monotonic() - t0)
         return result, None
     result = summarize(spec, pool.world_size, per_rank[0], time.monotonic() - t0)

@@ -109,7 +109,7 @@ def _owner_types(model: nn.Module) -> dict[str, str]:
     return out
 
 
-def profile_model(workload: str, batch_size: int | None = None, repeats: int = 5, warmup: int = 2,
+def profile_model(workload, batch_size: int | None = None, repeats: int = 5, warmup: int = 2,
                   seed: int = 0) -> ModelProfile:
     """Profile ``workload`` in this process (no communication) at ``batch_size`` per rank."""
     model, make_batch = workloads.build(workload, seed=seed)
@@ -182,5 +182,5 @@ def profile_model(workload: str, batch_size: int | None = None, repeats: int = 5
             touched_rows=statistics.fmean(touched[n]) if touched.get(n) else 1.0,
             ready_s=statistics.median(times) if times else statistics.median(bwd)))
     infos.sort(key=lambda info: info.ready_s)
-    return ModelProfile(workload, batch_size, infos, statistics.median(fwd), statistics.median(bwd),
+    return ModelProfile(str(workload), batch_size, infos, statistics.median(fwd), statistics.median(bwd),
                         statistics.median(opt), float(counter.get_total_flops()), peak, torch.get_num_threads())

@@ -66,8 +66,10 @@ def trial_row(profile: Profile, strategy: Strategy, source: str, result: TrialRe
             "steps": len(result.step_times), "peak_mem_mb": result.peak_mem_mb, "timestamp": time.time()}
 
 
-def measure_strategy(pool: RankPool, profile: Profile, strategy: Strategy, settings: TrialSettings) -> TrialResult:
-    spec = TrialSpec(profile.model.workload, strategy.canonical(), profile.model.batch_size,
+def measure_strategy(pool: RankPool, profile: Profile, strategy: Strategy, settings: TrialSettings,
+                     workload=None) -> TrialResult:
+    """One trial; ``workload`` (default: the profile's workload name) may be a workloads.InMemory."""
+    spec = TrialSpec(workload or profile.model.workload, strategy.canonical(), profile.model.batch_size,
                      warmup_steps=settings.warmup_steps, steps=settings.max_steps, seed=settings.seed,
                      time_budget_s=settings.time_budget_s, min_steps=settings.min_steps)
     result, _ = measure(pool, spec, timeout=settings.timeout_s)

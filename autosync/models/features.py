@@ -1,0 +1,104 @@
+"""Features of a (Profile, Strategy) pair for the learned cost model.
+
+Normalized so that they carry across machines and models: communication in units of
+compute time (``bytes * 8 / bandwidth / compute``), fractions of the model's bytes per plan
+and per compressor, compression ratio, shard balance, bucket counts; plus raw context
+(ranks, hosts, log bandwidth, latency, log parameter count) and the analytical
+simulator's own predictions, as ratios to its prediction for the DDP default in the same
+context. ``SIM_FEATURES`` names the simulator's columns, so the model can be trained
+without them (ablation).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from autosync.executor.hooks import balanced_owners
+from autosync.models.simulator import SimResult, simulate
+from autosync.profiler import Profile
+from autosync.strategy import COMPRESSORS, PLANS, Strategy
+
+CONTEXT_FEATURES = ["world_size", "nodes", "ranks_per_node", "log_bandwidth", "latency_ms", "heterogeneous",
+                    "log_params", "comm_intensity", "embedding_frac", "touched_rows"]
+STRATEGY_FEATURES = (["log_bucket_cap", "n_buckets", "n_groups", "n_segments"]
+                     + [f"frac_plan_{p}" for p in PLANS] + [f"frac_comp_{c}" for c in COMPRESSORS]
+                     + ["powersgd_rank", "topk_ratio", "compression", "local_sgd", "local_period", "zero",
+                        "partitions", "owner_imbalance", "bytes_sent_ratio", "comm_units"])
+SIM_FEATURES = ["sim_speedup", "sim_exposed_frac", "sim_comm_frac", "sim_log_step_ratio"]
+FEATURES = CONTEXT_FEATURES + STRATEGY_FEATURES + SIM_FEATURES
+
+
+def _default_sim(profile: Profile) -> SimResult:
+    cached = getattr(profile, "_default_sim", None)
+    if cached is None:
+        cached = simulate(profile, Strategy.default())
+        profile._default_sim = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def featurize(profile: Profile, strategy: Strategy, sim: SimResult | None = None) -> dict[str, float]:
+    m, c = profile.model, profile.cluster
+    params = m.params
+    total = max(m.total_bytes, 1)
+    bandwidth = min(c.link_of(k).rate_bps for k in range(c.nodes))
+    compute = max(m.forward_s + m.backward_s + m.optimizer_s, 1e-6)
+    emb = [p for p in params if p.is_embedding]
+    emb_bytes = sum(p.nbytes for p in emb)
+    f: dict[str, float] = {
+        "world_size": c.world_size, "nodes": c.nodes, "ranks_per_node": c.ranks_per_node,
+        "log_bandwidth": math.log10(bandwidth), "latency_ms": max(c.link_of(k).latency_s for k in range(c.nodes)) * 1e3,
+        "heterogeneous": float(c.heterogeneous), "log_params": math.log10(max(sum(p.numel for p in params), 1)),
+        "comm_intensity": total * 8 / bandwidth / compute, "embedding_frac": emb_bytes / total,
+        "touched_rows": (sum(p.touched_rows * p.nbytes for p in emb) / emb_bytes) if emb_bytes else 1.0,
+    }
+    emb_names = {p.name for p in emb}
+    group_of = strategy.resolve([(p.name, None) for p in params], emb_names)
+    group_bytes = [0] * len(strategy.groups)
+    for p, gi in zip(params, group_of):
+        group_bytes[gi] += p.nbytes
+    plan_bytes = {p: 0.0 for p in PLANS}
+    comp_bytes = {k: 0.0 for k in COMPRESSORS}
+    psgd_rank = topk_ratio = partitions = 0.0
+    for g, nbytes in zip(strategy.groups, group_bytes):
+        plan_bytes[g.plan] += nbytes
+        comp_bytes[g.compressor.name] += nbytes
+        if g.compressor.name == "powersgd":
+            psgd_rank += g.compressor.rank * nbytes / total
+        if g.compressor.name == "topk":
+            topk_ratio += g.compressor.ratio * nbytes / total
+        if g.plan == "sharded_ps":
+            partitions += g.partitions * nbytes / total
+    owners = balanced_owners(strategy, group_bytes, c.world_size)
+    load = [0.0] * c.world_size
+    for g, nbytes, own in zip(strategy.groups, group_bytes, owners):
+        if g.plan in ("ps", "sharded_ps") and own:
+            for r in own:
+                load[r] += nbytes / len(own)
+    ps_total = sum(load)
+    imbalance = max(load) / (ps_total / c.world_size) if ps_total else 1.0
+
+    sim = sim or simulate(profile, strategy)
+    base = _default_sim(profile)
+    sent = sum(sim.bytes_per_plan.values())
+    f.update({
+        "log_bucket_cap": math.log10(strategy.fusion.bucket_cap_mb), "n_buckets": sim.n_buckets,
+        "n_groups": len(strategy.groups), "n_segments": sim.n_segments,
+        **{f"frac_plan_{p}": v / total for p, v in plan_bytes.items()},
+        **{f"frac_comp_{k}": v / total for k, v in comp_bytes.items()},
+        "powersgd_rank": psgd_rank, "topk_ratio": topk_ratio,
+        "compression": sent / total if sent else 1.0,
+        "local_sgd": float(strategy.sync.mode == "local_sgd"),
+        "local_period": float(strategy.sync.period if strategy.sync.mode == "local_sgd" else 1),
+        "zero": float(strategy.optimizer_sharding == "zero"), "partitions": partitions,
+        "owner_imbalance": imbalance, "bytes_sent_ratio": sent / total,
+        "comm_units": sent * 8 / bandwidth / compute,
+        "sim_speedup": base.step_s / sim.step_s, "sim_exposed_frac": sim.exposed_comm_s / sim.step_s,
+        "sim_comm_frac": sim.comm_s / max(sim.compute_s, 1e-9),
+        "sim_log_step_ratio": math.log(sim.step_s / base.step_s),
+    })
+    return f
+
+
+def feature_matrix(rows: list[dict[str, float]], names: list[str] = FEATURES) -> np.ndarray:
+    return np.array([[r[n] for n in names] for r in rows], dtype=np.float64)

@@ -1,0 +1,104 @@
+"""From stored trials to a training set: features, targets, context groups.
+
+Target: speedup over the DDP default measured in the same context,
+``speedup = samples_per_s / samples_per_s(ddp_default)``; the regressor learns
+``log(speedup)``, the ranker graded relevance within each context. Failed and timed-out
+trials stay in the set with the lowest relevance and a speedup of half the context's
+slowest success: a strategy that breaks is worse than any that runs. Contexts whose
+default was not measured successfully are left out (no reference).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from autosync.datasets.store import DatasetStore
+from autosync.models.features import FEATURES, feature_matrix, featurize
+from autosync.models.simulator import simulate
+from autosync.profiler import Profile
+from autosync.strategy import Strategy, loads_strategy
+
+MAX_RELEVANCE = 30
+
+
+@dataclass
+class TrainingSet:
+    X: np.ndarray
+    log_speedup: np.ndarray
+    relevance: np.ndarray
+    frame: pd.DataFrame            # one row per sample: context_id, workload, cluster, strategy_hash, ok, speedup, sim_step_s
+    features: list[str]
+
+    @property
+    def data_hash(self) -> str:
+        key = self.frame[["context_id", "strategy_hash", "speedup"]].to_csv(index=False)
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def subset(self, mask: np.ndarray) -> "TrainingSet":
+        """Rows where ``mask`` is true, or rows at integer positions ``mask``, in that order."""
+        idx = np.flatnonzero(mask) if mask.dtype == bool else mask
+        return TrainingSet(self.X[idx], self.log_speedup[idx], self.relevance[idx],
+                           self.frame.iloc[idx].reset_index(drop=True), self.features)
+
+    @staticmethod
+    def concat(sets: list["TrainingSet"]) -> "TrainingSet":
+        """Union of training sets; a (context, strategy) in several keeps its last; rows grouped by context."""
+        frame = pd.concat([s.frame for s in sets], ignore_index=True)
+        joined = TrainingSet(np.vstack([s.X for s in sets]), np.concatenate([s.log_speedup for s in sets]),
+                             np.concatenate([s.relevance for s in sets]), frame, sets[0].features)
+        keep = np.flatnonzero(~frame.duplicated(["context_id", "strategy_hash"], keep="last").to_numpy())
+        order = keep[np.argsort(frame.context_id.to_numpy()[keep], kind="stable")]
+        return joined.subset(order)
+
+    def groups(self) -> list[int]:
+        """Sizes of consecutive context groups (rows are sorted by context)."""
+        return self.frame.groupby("context_id", sort=False).size().tolist()
+
+
+def relevance_labels(speedups: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """Graded relevance in one context: failures 0, successes 1..30 by rank of speedup."""
+    labels = np.zeros(len(speedups), dtype=np.int32)
+    idx = np.where(ok)[0]
+    if len(idx):
+        order = speedups[idx].argsort().argsort()
+        labels[idx] = 1 + np.floor(order / max(len(idx) - 1, 1) * (MAX_RELEVANCE - 1)).astype(np.int32)
+    return labels
+
+
+def build(store: DatasetStore, df: pd.DataFrame | None = None) -> TrainingSet:
+    df = store.read() if df is None else df
+    frames, rows = [], []
+    for context_id, ctx in df.groupby("context_id", sort=True):
+        ref = ctx[(ctx.source == "ddp_default") & (ctx.status == "ok")]
+        raw = store.load_profile_dict(context_id)
+        if ref.empty or raw is None:
+            continue
+        profile = Profile.from_dict(raw, str(store.profile_path(context_id)))
+        base = float(ref.samples_per_s.iloc[0])
+        ok = (ctx.status == "ok").to_numpy()
+        speed = ctx.samples_per_s.to_numpy(dtype=float) / base
+        floor = np.nanmin(speed[ok]) / 2
+        speed = np.where(ok, speed, floor)
+        for s_json in ctx.strategy:
+            strategy = loads_strategy(s_json)
+            rows.append(featurize(profile, strategy, simulate(profile, strategy)))
+        frames.append(pd.DataFrame({
+            "context_id": context_id, "workload": ctx.workload.to_numpy(), "cluster": ctx.cluster.to_numpy(),
+            "strategy_hash": ctx.strategy_hash.to_numpy(), "source": ctx.source.to_numpy(), "ok": ok,
+            "speedup": speed, "relevance": relevance_labels(speed, ok),
+            "sim_step_s": [math.exp(r["sim_log_step_ratio"]) for r in rows[-len(ctx):]],
+        }))
+    if not frames:
+        raise ValueError("no context with a successful DDP-default measurement and a stored profile")
+    frame = pd.concat(frames, ignore_index=True)
+    X = feature_matrix(rows, FEATURES)
+    return TrainingSet(X, np.log(frame.speedup.to_numpy()), frame.relevance.to_numpy(), frame, list(FEATURES))
+
+
+def candidate_matrix(profile: Profile, strategies: list[Strategy], names: list[str] = FEATURES) -> np.ndarray:
+    """Features of many candidates of one context at once (for prediction)."""
+    return feature_matrix([featurize(profile, s) for s in strategies], names)

@@ -1,0 +1,349 @@
+"""The guided tune loop: Optuna proposes, the cost model scores, real runs decide.
+
+Round after round, until ``measure`` trials have run:
+
+1. Optuna (TPE) asks for ``candidates`` strategies; the regressor scores them all in one
+   batch (predicted log speedup over the DDP default) and the scores are told back, so TPE
+   moves toward what the model believes is fast.
+2. The best-scored candidates not yet measured are taken greedily, skipping any within
+   ``min_distance`` of one already taken (distance = share of differing choices), so one
+   round measures different ideas, not five variants of one.
+3. They run on the (emulated) cluster's kept-alive ranks; every result is appended to the
+   dataset, and the models are refit on the shipped data plus this context's measurements.
+
+The DDP default and the best-predicted hand-crafted baseline are measured first, as
+references; they count toward ``measure``. The recommendation is the fastest successful
+measured strategy, and never one slower than the measured DDP default: when nothing beats
+it, the default is recommended and the result says so. ``measure=0`` only predicts.
+
+The Optuna study lives in ``storage`` (a SQLite file by default; any RDB URL, e.g.
+PostgreSQL, lets several workers share one search) under a name derived from the
+context, so an interrupted tune resumes: measured strategies are found in the dataset
+and not run again.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import optuna
+
+from autosync.cluster import Cluster
+from autosync.datasets.store import DatasetStore
+from autosync.errors import UserError
+from autosync.executor.launch import RankPool
+from autosync.models import training
+from autosync.models.features import FEATURES, featurize
+from autosync.models.ranker import CostModel
+from autosync.profiler import Profile
+from autosync.search.baselines import baselines
+from autosync.search.space import suggest
+from autosync.search.trials import TrialSettings, measure_strategy, trial_row
+from autosync.strategy import Strategy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Measured:
+    source: str
+    strategy: Strategy
+    predicted_speedup: float
+    status: str
+    samples_per_s: float
+    reason: str = ""
+
+
+@dataclass
+class TuneResult:
+    strategy: Strategy
+    source: str
+    predicted_speedup: float
+    measured: list[Measured] = field(default_factory=list)
+    default_samples_per_s: float | None = None
+    best_baseline: tuple[str, float] | None = None      # (name, samples/s) of the fastest measured baseline
+    note: str = ""
+    candidates_scored: int = 0
+    search_seconds: float = 0.0
+
+    @property
+    def measured_samples_per_s(self) -> float | None:
+        for m in self.measured:
+            if m.strategy.hash == self.strategy.hash and m.status == "ok":
+                return m.samples_per_s
+        return None
+
+    @property
+    def speedup_over_default(self) -> float | None:
+        mine = self.measured_samples_per_s
+        return mine / self.default_samples_per_s if mine and self.default_samples_per_s else None
+
+    @property
+    def speedup_over_best_baseline(self) -> float | None:
+        mine = self.measured_samples_per_s
+        return mine / self.best_baseline[1] if mine and self.best_baseline else None
+
+
+def signature(strategy: Strategy) -> tuple:
+    """The choices of a strategy, for the distance between two."""
+    groups = [(g.plan, g.compressor.name, g.compressor.rank, g.compressor.ratio, g.partitions) for g in strategy.groups]
+    return (strategy.fusion.bucket_cap_mb, strategy.sync.mode, strategy.sync.period, strategy.optimizer_sharding,
+            len(groups), *groups)
+
+
+def distance(a: Strategy, b: Strategy) -> float:
+    sa, sb = signature(a), signature(b)
+    n = max(len(sa), len(sb))
+    return sum(1 for i in range(n) if i >= len(sa) or i >= len(sb) or sa[i] != sb[i]) / n
+
+
+def pick_diverse(ranked: list[tuple[float, Strategy]], k: int, exclude: set[str], min_distance: float,
+                 taken: list[Strategy] | None = None) -> list[tuple[float, Strategy]]:
+    out: list[tuple[float, Strategy]] = []
+    chosen = list(taken or [])
+    for score, s in ranked:
+        if len(out) >= k:
+            break
+        if s.hash in exclude or any(distance(s, c) < min_distance for c in chosen):
+            continue
+        out.append((score, s))
+        chosen.append(s)
+    return out
+
+
+class Tuner:
+    """One tuning run for one (workload, cluster) context. See the module docstring.
+
+    Two Optuna studies: an in-memory one where TPE proposes candidates scored by the cost
+    model (thousands of ask/tell a run: a database round trip each would dominate), and
+    the shared one in ``storage`` that records what was measured (value = measured speedup
+    over the DDP default, FAIL for a failed trial) or, with nothing measured, the top
+    predictions. Workers on one storage see each other's measurements.
+    """
+
+    def __init__(self, profile: Profile, model: CostModel, base_store: DatasetStore | None, store: DatasetStore,
+                 storage: str, lossless: bool = False, seed: int = 0, candidates: int = 500, per_round: int = 3,
+                 min_distance: float = 0.25, settings: TrialSettings = TrialSettings()):
+        self.profile = profile
+        self.model = model
+        self.base_store, self.store = base_store, store
+        self.lossless = lossless
+        self.candidates, self.per_round, self.min_distance = candidates, per_round, min_distance
+        self.settings = settings
+        self.seed = seed
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=min(200, candidates // 2)))
+        self.study_name = f"autosync|{profile.context_id}|{'lossless' if lossless else 'any'}"
+        try:
+            self.shared = optuna.create_study(study_name=self.study_name, storage=storage, direction="maximize",
+                                              load_if_exists=True)
+        except Exception as e:  # noqa: BLE001 - SQLAlchemy/driver errors of many kinds
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"cannot open Optuna storage {storage!r}: {first}") from None
+        self.scored: dict[str, tuple[float, Strategy]] = {}
+
+    def record(self, strategy: Strategy, value: float | None, kind: str, **attrs) -> None:
+        """Store one trial in the shared study (value None = failed)."""
+        trial = optuna.trial.create_trial(
+            state=optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL,
+            value=value, user_attrs={"strategy": strategy.to_json(), "hash": strategy.hash, "kind": kind, **attrs})
+        self.shared.add_trial(trial)
+
+    def shared_hashes(self) -> set[str]:
+        return {t.user_attrs.get("hash") for t in self.shared.get_trials(deepcopy=False)}
+
+    # --- proposing ---------------------------------------------------------------------------
+    def score(self, strategies: list[Strategy]) -> np.ndarray:
+        X = np.array([[f[n] for n in FEATURES] for f in (featurize(self.profile, s) for s in strategies)])
+        return self.model.predict(X)
+
+    def propose(self, n: int) -> int:
+        """Ask Optuna for n candidates, score them in one batch, tell the scores back."""
+        trials, strategies = [], []
+        for _ in range(n):
+            trial = self.study.ask()
+            try:
+                strategy = suggest(trial, self.profile, self.lossless)
+            except UserError:
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
+            trials.append(trial)
+            strategies.append(strategy)
+        scores = self.score(strategies) if strategies else np.array([])
+        for trial, strategy, score in zip(trials, strategies, scores):
+            self.study.tell(trial, float(score))
+            self.scored.setdefault(strategy.hash, (float(score), strategy))
+        return len(strategies)
+
+    def ranked(self) -> list[tuple[float, Strategy]]:
+        return sorted(self.scored.values(), key=lambda t: -t[0])
+
+    # --- refitting -----------------------------------------------------------------------------
+    def refit(self) -> None:
+        """Refit on the base dataset plus this context's measurements (active learning)."""
+        frames = []
+        for store in (self.base_store, self.store):
+            if store is None:
+                continue
+            try:
+                frames.append(training.build(store))
+            except ValueError:
+                continue
+        if not frames:
+            return
+        data = training.TrainingSet.concat(frames)
+        self.model = CostModel(self.model.kind).fit(data.X, data.log_speedup, data.relevance, data.groups(),
+                                                    self.seed)
+        for h, (_, s) in list(self.scored.items()):
+            self.scored[h] = (float(self.score([s])[0]), s)
+
+
+def _predicted_speedup(model: CostModel, score: float) -> float:
+    return math.exp(score) if model.kind == "regressor" else float("nan")
+
+
+def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, storage: str,
+         pool: RankPool | None = None, base_store: DatasetStore | None = None, lossless: bool = False,
+         seed: int = 0, candidates: int = 500, per_round: int = 3, settings: TrialSettings = TrialSettings(),
+         on_measured=None, workload=None) -> TuneResult:
+    """Run the loop; ``pool`` is needed when ``measure > 0``."""
+    import time
+
+    t0 = time.monotonic()
+    measure_time = 0.0
+    tuner = Tuner(profile, model, base_store, store, storage, lossless, seed, candidates, per_round,
+                  settings=settings)
+    tuner.propose(candidates)
+    base = baselines(profile)
+    if lossless:
+        base = {k: v for k, v in base.items() if v.is_lossless}
+    base_scores = dict(zip(base, tuner.score(list(base.values()))))
+    for name, strategy in base.items():
+        tuner.scored.setdefault(strategy.hash, (float(base_scores[name]), strategy))
+    result_measured: list[Measured] = []
+    stored = _stored(store, profile)
+
+    def run(source: str, strategy: Strategy) -> None:
+        nonlocal measure_time
+        predicted = _predicted_speedup(tuner.model, tuner.scored.get(strategy.hash, (float("nan"),))[0])
+        if strategy.hash in stored:
+            row = stored[strategy.hash]
+            m = Measured(source, strategy, predicted, row["status"], row["samples_per_s"], row["reason"])
+        else:
+            t = time.monotonic()
+            r = measure_strategy(pool, profile, strategy, settings, workload)
+            measure_time += time.monotonic() - t
+            store.append([trial_row(profile, strategy, source, r)])
+            m = Measured(source, strategy, predicted, r.status, r.samples_per_s, r.reason)
+            reference = next((x.samples_per_s for x in result_measured if x.source == "ddp_default"
+                              and x.status == "ok"), r.samples_per_s if source == "ddp_default" else None)
+            tuner.record(strategy, r.samples_per_s / reference if r.ok and reference else None, "measured",
+                         source=source, samples_per_s=r.samples_per_s, status=r.status, reason=r.reason)
+        result_measured.append(m)
+        if on_measured:
+            on_measured(m)
+
+    if measure > 0:
+        if pool is None:
+            raise ValueError("measuring needs a rank pool")
+        run("ddp_default", Strategy.default())
+        best_base = max(((n, s) for n, s in base.items() if n != "ddp_default"), key=lambda t: base_scores[t[0]],
+                        default=None)
+        if best_base and measure > 1:
+            run(best_base[0], best_base[1])
+        while len(result_measured) < measure:
+            done = {m.strategy.hash for m in result_measured}
+            k = min(per_round, measure - len(result_measured))
+            picks = pick_diverse(tuner.ranked(), k, done, tuner.min_distance,
+                                 [m.strategy for m in result_measured if m.source == "tune"])
+            if not picks:
+                picks = pick_diverse(tuner.ranked(), k, done, 0.0)
+            if not picks:
+                break
+            for _, strategy in picks:
+                run("tune", strategy)
+            tuner.refit()
+            tuner.propose(max(50, candidates // 5))
+    if measure == 0:
+        for score, strategy in pick_diverse(tuner.ranked(), per_round, set(), tuner.min_distance):
+            tuner.record(strategy, float(score), "predicted", worker=f"{os.uname().nodename}:{os.getpid()}")
+    result = _recommend(tuner, result_measured, base)
+    result.candidates_scored = len(tuner.scored)
+    result.search_seconds = time.monotonic() - t0 - measure_time
+    return result
+
+
+def _stored(store: DatasetStore, profile: Profile) -> dict[str, dict]:
+    df = store.read()
+    df = df[df.context_id == profile.context_id]
+    return {r["strategy_hash"]: r for r in df.to_dict("records")}
+
+
+def _recommend(tuner: Tuner, measured: list[Measured], base: dict[str, Strategy]) -> TuneResult:
+    model = tuner.model
+    if not measured:
+        score, strategy = tuner.ranked()[0]
+        return TuneResult(strategy, "predicted", _predicted_speedup(model, score),
+                          note="nothing was measured (--measure 0): this is the cost model's prediction only")
+    ok = [m for m in measured if m.status == "ok"]
+    default = next((m for m in measured if m.source == "ddp_default" and m.status == "ok"), None)
+    base_hashes = {s.hash for n, s in base.items() if n != "ddp_default"}
+    baselines_ok = [m for m in ok if m.strategy.hash in base_hashes]
+    best_baseline = max(((m.source, m.samples_per_s) for m in baselines_ok), key=lambda t: t[1], default=None)
+    best = max(ok, key=lambda m: m.samples_per_s, default=None)
+    if best is None:
+        return TuneResult(Strategy.default(), "ddp_default", 1.0, measured, None, best_baseline,
+                          note="every measured trial failed; recommending the DDP default")
+    if default is not None and best.samples_per_s <= default.samples_per_s:
+        return TuneResult(default.strategy, "ddp_default", default.predicted_speedup, measured, default.samples_per_s,
+                          best_baseline, note="nothing measured beat the DDP default: recommending the default")
+    return TuneResult(best.strategy, best.source, best.predicted_speedup, measured,
+                      default.samples_per_s if default else None, best_baseline)
+
+
+def strategy_file_text(result: TuneResult, profile: Profile) -> str:
+    """The recommended strategy as YAML, with what was predicted and measured as comments."""
+    lines = [f"# autosync tune: {profile.model.workload} (batch {profile.model.batch_size}/rank) on {profile.cluster}",
+             f"# source: {result.source}"]
+    if not math.isnan(result.predicted_speedup):
+        lines.append(f"# predicted speedup over the DDP default: {result.predicted_speedup:.2f}x")
+    if result.measured_samples_per_s:
+        lines.append(f"# measured: {result.measured_samples_per_s:,.1f} samples/s")
+    if result.speedup_over_default:
+        lines.append(f"# measured speedup over the DDP default: {result.speedup_over_default:.2f}x")
+    if result.speedup_over_best_baseline and result.best_baseline:
+        lines.append(f"# measured speedup over the best hand-crafted baseline ({result.best_baseline[0]}): "
+                     f"{result.speedup_over_best_baseline:.2f}x")
+    if result.note:
+        lines.append(f"# note: {result.note}")
+    lines.append(f"# lossless: {str(result.strategy.is_lossless).lower()}")
+    return "\n".join(lines) + "\n" + result.strategy.to_yaml()
+
+
+def plot_predicted_vs_measured(result: TuneResult, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(m.predicted_speedup, m.samples_per_s / result.default_samples_per_s, m.source)
+           for m in result.measured if m.status == "ok" and result.default_samples_per_s]
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    for pred, meas, source in pts:
+        ax.scatter(pred, meas, c="tab:red" if source == "tune" else "tab:blue", s=30)
+        ax.annotate(source, (pred, meas), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if pts:
+        lo = min(min(p[0] for p in pts), min(p[1] for p in pts)) * 0.9
+        hi = max(max(p[0] for p in pts), max(p[1] for p in pts)) * 1.1
+        ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("predicted speedup over DDP default")
+    ax.set_ylabel("measured speedup over DDP default")
+    ax.set_title("autosync tune: predicted vs measured")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
