@@ -7,11 +7,13 @@ Two kinds, one interface (``fit``, ``predict``, ``save``, ``load``):
 
 Saved as LightGBM's text format (``model.txt``) beside a JSON card (``card.json``: kind,
 feature list, dataset hash, hyper-parameters, held-out metrics). Never pickled. Loading
-checks the card's feature list against this code's and against the model file's own, and
-refuses a file LightGBM cannot parse: a mismatch is an error, never a silent wrong score.
+checks the model file's SHA-256 against the card before LightGBM sees it (LightGBM aborts
+the whole process on some truncated files), the card's feature list against this code's
+and against the model file's own: a mismatch is an error, never a silent wrong score.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -71,8 +73,9 @@ class CostModel:
     def save(self, directory: str | Path, **card_extra) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        card = {**self.card, **card_extra}
-        for name, text in (("model.txt", self.booster.model_to_string()), ("card.json", json.dumps(card, indent=1))):
+        model_text = self.booster.model_to_string()
+        card = {**self.card, **card_extra, "model_sha256": hashlib.sha256(model_text.encode()).hexdigest()}
+        for name, text in (("model.txt", model_text), ("card.json", json.dumps(card, indent=1))):
             tmp = directory / f".{name}.tmp"
             tmp.write_text(text)
             os.replace(tmp, directory / name)
@@ -94,10 +97,14 @@ class CostModel:
             raise ModelError(f"{card_path}: the model was trained on other features than this autosync computes "
                              "(retrain it with `autosync train`)")
         try:
-            booster = lgb.Booster(model_str=model_path.read_text())
+            text = model_path.read_bytes()
         except OSError as e:
             raise ModelError(f"{model_path}: cannot read model ({e.strerror})") from None
-        except lgb.basic.LightGBMError as e:
+        if hashlib.sha256(text).hexdigest() != card.get("model_sha256"):
+            raise ModelError(f"{model_path}: corrupt LightGBM model (its SHA-256 does not match {card_path.name})")
+        try:
+            booster = lgb.Booster(model_str=text.decode())
+        except (lgb.basic.LightGBMError, UnicodeDecodeError) as e:
             raise ModelError(f"{model_path}: corrupt LightGBM model ({str(e).splitlines()[0]})") from None
         if booster.feature_name() != list(FEATURES):
             raise ModelError(f"{model_path}: its features do not match its card")

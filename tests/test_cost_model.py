@@ -1,0 +1,73 @@
+"""The learned cost model on the shipped dataset: training, metrics, safe loading."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from autosync.datasets.store import DatasetStore
+from autosync.models import training, transfer
+from autosync.models.features import FEATURES
+from autosync.models.ranker import CostModel, ModelError
+from autosync.models.train import PRETRAINED, SHIPPED_DATA
+
+pytestmark = pytest.mark.skipif(not (SHIPPED_DATA / "profiles").is_dir(), reason="no shipped dataset")
+
+
+@pytest.fixture(scope="module")
+def data():
+    return training.build(DatasetStore(SHIPPED_DATA, create=False))
+
+
+def test_training_set_is_grouped_by_context_with_the_default_as_reference(data):
+    assert data.X.shape == (len(data.frame), len(FEATURES)) and np.isfinite(data.X).all()
+    ctx = data.frame.context_id.to_numpy()
+    assert all(ctx[i] <= ctx[i + 1] for i in range(len(ctx) - 1))
+    default = data.frame[data.frame.source == "ddp_default"]
+    assert np.allclose(default.speedup, 1.0)
+    assert sum(data.groups()) == len(data.frame)
+
+
+def test_context_metrics():
+    y = np.array([1.0, 1.5, 2.0, 0.5])
+    perfect = transfer.context_metrics(np.log(y), y)
+    assert perfect["pairwise"] == 1.0 and perfect["regret"] == 0.0 and perfect["top5_hit"] == 1.0
+    reverse = transfer.context_metrics(-np.log(y), y)
+    assert reverse["pairwise"] == 0.0 and reverse["regret"] == pytest.approx(0.75)
+
+
+def test_fit_save_load_predict_round_trip(tmp_path, data):
+    for kind in ("ranker", "regressor"):
+        model = CostModel(kind).fit(data.X, data.log_speedup, data.relevance, data.groups())
+        model.save(tmp_path / kind, data_hash=data.data_hash)
+        again = CostModel.load(tmp_path / kind)
+        assert np.allclose(again.predict(data.X[:50]), model.predict(data.X[:50]))
+        assert again.card["data_hash"] == data.data_hash and again.card["features"] == FEATURES
+        assert not list((tmp_path / kind).glob("*.pkl"))
+
+
+def test_pretrained_models_load_and_predict(data):
+    for kind in ("ranker", "regressor"):
+        model = CostModel.load(PRETRAINED / kind)
+        assert model.kind == kind and np.isfinite(model.predict(data.X[:10])).all()
+
+
+def test_corrupt_or_mismatched_model_files_are_refused(tmp_path):
+    shutil.copytree(PRETRAINED / "regressor", tmp_path / "m")
+    model_txt, card = tmp_path / "m" / "model.txt", tmp_path / "m" / "card.json"
+    text = model_txt.read_text()
+    model_txt.write_text(text[: len(text) // 3])
+    with pytest.raises(ModelError, match="model.txt: corrupt LightGBM model"):
+        CostModel.load(tmp_path / "m")
+    model_txt.write_text(text)
+    c = json.loads(card.read_text())
+    c["features"] = c["features"][:-1] + ["a_feature_we_do_not_compute"]
+    card.write_text(json.dumps(c))
+    with pytest.raises(ModelError, match="trained on other features"):
+        CostModel.load(tmp_path / "m")
+    card.write_text("{oops")
+    with pytest.raises(ModelError, match="card.json: corrupt model card"):
+        CostModel.load(tmp_path / "m")
+    good = CostModel.load(PRETRAINED / "regressor")
+    with pytest.raises(ModelError, match=f"expected {len(FEATURES)} features"):
+        good.predict(np.zeros((3, len(FEATURES) - 1)))

@@ -1,0 +1,119 @@
+"""`autosync tune`: shared PostgreSQL studies, strategies that run, bad input."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autosync.executor.emulate import can_emulate
+from autosync.executor.launch import free_port
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
+
+
+def autosync(*args, cwd=None, timeout=600):
+    return subprocess.run([sys.executable, "-m", "autosync.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+@pytest.fixture
+def postgres():
+    """A real PostgreSQL server in a temp dir, as user postgres, on its own port; stopped afterwards."""
+    if not (PG_BIN / "initdb").exists() or os.geteuid() != 0:
+        pytest.skip("needs the PostgreSQL 15 server binaries and root")
+    root = Path(tempfile.mkdtemp(prefix="autosync-pg-"))
+    data, sock = root / "data", root / "sock"
+    sock.mkdir()
+    shutil.chown(root, "postgres")
+    shutil.chown(sock, "postgres")
+    port = free_port()
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(as_pg + [str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"], check=True,
+                   capture_output=True)
+    subprocess.run(as_pg + [str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-l", str(root / "log"), "-o",
+                            f"-p {port} -k {sock} -c listen_addresses=127.0.0.1", "start"],
+                   check=True, capture_output=True)
+    try:
+        subprocess.run(as_pg + [str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "autosync"],
+                       check=True, capture_output=True)
+        yield f"postgresql://postgres@127.0.0.1:{port}/autosync"
+    finally:
+        subprocess.run(as_pg + [str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_two_tune_workers_share_one_postgres_study(postgres, tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-m", "autosync.cli", "tune", "--workload", "mlp", "--cluster",
+                               "2x1@1gbit", "--measure", "0", "--storage", postgres, "--seed", str(seed),
+                               "--out", str(tmp_path / f"s{seed}.yaml"), "--data", str(tmp_path / "data")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1] for o in outs]
+    summaries = optuna.get_all_study_summaries(postgres)
+    assert len(summaries) == 1, "both workers must use one study"
+    study = optuna.load_study(study_name=summaries[0].study_name, storage=postgres)
+    trials = study.get_trials()
+    workers = [t.user_attrs["worker"] for t in trials]
+    assert len(set(workers)) == 2 and all(workers.count(w) == 3 for w in set(workers))  # none lost
+    assert sorted(t.number for t in trials) == list(range(6))                            # each stored once
+    assert all(t.user_attrs["kind"] == "predicted" and len(t.user_attrs["hash"]) == 16 for t in trials)
+
+
+def test_unreachable_storage_is_one_line_exit_2(tmp_path):
+    port = free_port()
+    out = autosync("tune", "--workload", "mlp", "--cluster", "2x1@1gbit", "--measure", "0", "--storage",
+                   f"postgresql://nobody@127.0.0.1:{port}/none", "--out", str(tmp_path / "s.yaml"),
+                   "--data", str(tmp_path / "d"))
+    assert out.returncode == 2 and "cannot open Optuna storage" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
+def test_a_tuned_strategy_runs_with_autosync_run_and_the_example_script(tmp_path):
+    out = autosync("tune", "--workload", "resnet-tiny", "--cluster", "2x1@10gbit", "--measure", "3", "--out",
+                   "s.yaml", "--data", "d", "--storage", f"sqlite:///{tmp_path}/t.db", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "recommended:" in out.stdout and (tmp_path / "s.png").exists()
+    text = (tmp_path / "s.yaml").read_text()
+    assert text.startswith("# autosync tune: resnet-tiny") and "autosync: 1" in text
+    run = autosync("run", "--workload", "resnet-tiny", "--cluster", "2x1@10gbit", "--strategy", "s.yaml",
+                   "--steps", "3", "--json", cwd=tmp_path)
+    assert run.returncode == 0 and '"status": "ok"' in run.stdout, run.stderr
+    repo = Path(__file__).resolve().parent.parent
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                str(free_port()), str(repo / "examples" / "train_with_strategy.py"), "--strategy",
+                str(tmp_path / "s.yaml"), "--workload", "resnet-tiny", "--steps", "6"]
+    example = subprocess.run(torchrun, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert example.returncode == 0, example.stderr[-2000:]
+    assert "trained 6 steps on 2 ranks" in example.stdout
+
+
+BAD = [
+    (["--workload", "mlp", "--cluster", "2x1@1gbit", "--measure", "-1"], "--measure: expected an integer >= 0"),
+    (["--workload", "mlp", "--cluster", "2x1@fast"], "needs a number and a unit"),
+    (["--workload", "mlp", "--cluster", "2x1@1gbit", "--storage", "::nonsense::"], "is not a database URL"),
+    (["--workload", "nope", "--cluster", "2x1@1gbit"], "unknown workload 'nope'"),
+    (["--model", "json:no_fn", "--cluster", "2x1@1gbit"], "json has no function 'no_fn'"),
+    (["--model", "tests/fixtures/faulty.py:no_parameters", "--cluster", "2x1@1gbit"], "no trainable parameters"),
+    (["--workload", "mlp", "--model", "x:y", "--cluster", "2x1@1gbit"], "not allowed with argument"),
+    (["--workload", "mlp"], "the following arguments are required: --cluster"),
+    (["--workload", "mlp", "--cluster", "2x1@1gbit", "--candidates", "0"], "--candidates: expected a positive"),
+    (["--workload", "mlp", "--cluster", "2x1@1gbit", "--measure", "0", "--cost-model", "/no/such/dir"],
+     "cannot read model card"),
+    (["--workload", "mlp", "--cluster", "2x1@1gbit", "--batch-size", "x"], "--batch-size: expected a positive"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD, ids=[b[1][:30] for b in BAD])
+def test_tune_bad_input_is_one_line_exit_2(tmp_path, args, message):
+    out = autosync("tune", *args, "--out", str(tmp_path / "s.yaml"), "--data", str(tmp_path / "d"), timeout=120)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
