@@ -1,0 +1,61 @@
+"""Cost-model prediction throughput on one core: LightGBM alone, and featurize + predict.
+
+    python bench/predict_throughput.py  ->  bench/results/predict_throughput.md
+
+``model`` rows time ``CostModel.predict`` on a batch of N candidates' features (the
+shipped ranker and regressor, one thread). ``featurize + model`` times the whole scoring
+path of `tune` on random strategies of one context (bert-mini), simulator included.
+"""
+import glob
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from autosync.models.features import FEATURES, featurize
+from autosync.models.ranker import CostModel
+from autosync.models.train import PRETRAINED, SHIPPED_DATA
+from autosync.profiler import Profile
+from autosync.search.space import random_strategies
+
+
+def rate(fn, n: int, repeats: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return n / best
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    lines = ["# Cost-model prediction throughput (one core)", "", "| what | batch | candidates/s |", "|---|---:|---:|"]
+    profile = Profile.from_dict(json.loads(Path(sorted(glob.glob(str(SHIPPED_DATA / "profiles" / "bert*")))[0])
+                                           .read_text()))
+    strategies = random_strategies(profile, 500, seed=0)
+    X = np.array([[f[n] for n in FEATURES] for f in (featurize(profile, s) for s in strategies)])
+    for kind in ("ranker", "regressor"):
+        model = CostModel.load(PRETRAINED / kind)
+        for n in (1_000, 100_000):
+            batch = X[rng.integers(0, len(X), n)]
+            lines.append(f"| {kind}: model.predict | {n:,} | {rate(lambda: model.predict(batch), n):,.0f} |")
+            print(lines[-1], flush=True)
+    model = CostModel.load(PRETRAINED / "regressor")
+
+    def end_to_end():
+        feats = [featurize(profile, s) for s in strategies]
+        model.predict(np.array([[f[n] for n in FEATURES] for f in feats]))
+
+    lines.append(f"| featurize (simulator included) + regressor, bert-mini | {len(strategies)} | "
+                 f"{rate(end_to_end, len(strategies), 1):,.0f} |")
+    print(lines[-1])
+    lines += ["", "Command: `python bench/predict_throughput.py`. Target: >= 50,000 candidates/s for the model."]
+    Path(__file__).parent.joinpath("results", "predict_throughput.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The analytical simulator against measurement, per context of a dataset.
+
+For every context: Spearman rank correlation between the simulator's predicted step time
+(recomputed from the stored profile, so it reflects the current simulator) and the
+measured median step time, over the successful trials; and the median ratio
+predicted/measured. Prints the table and the median correlation (target >= 0.7).
+
+    python bench/simulator_accuracy.py [--data autosync/datasets/data]  ->  bench/results/simulator_accuracy.md
+"""
+import argparse
+import statistics
+from pathlib import Path
+
+from scipy.stats import spearmanr
+
+from autosync.datasets.store import DatasetStore
+from autosync.models.simulator import simulate
+from autosync.profiler import Profile
+from autosync.strategy import loads_strategy
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=str(Path(__file__).parent.parent / "autosync" / "datasets" / "data"))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "simulator_accuracy.md"))
+    args = ap.parse_args()
+    store = DatasetStore(args.data, create=False)
+    df = store.read()
+    df = df[df.status == "ok"]
+    rows = []
+    for ctx, part in sorted(df.groupby("context_id")):
+        raw = store.load_profile_dict(ctx)
+        if raw is None or len(part) < 5:
+            continue
+        profile = Profile.from_dict(raw)
+        predicted = [simulate(profile, loads_strategy(s)).step_s for s in part.strategy]
+        rho = spearmanr(predicted, part.median_step_s).statistic
+        ratio = statistics.median(p / m for p, m in zip(predicted, part.median_step_s))
+        rows.append((ctx, len(part), rho, ratio))
+    lines = ["# Simulator vs measurement, per context (successful trials)", "",
+             "| context | trials | Spearman rho | median predicted/measured |", "|---|---:|---:|---:|"]
+    lines += [f"| {c} | {n} | {r:.3f} | {q:.2f} |" for c, n, r, q in rows]
+    med = statistics.median(r for _, _, r, _ in rows)
+    lines += ["", f"Median Spearman rho over {len(rows)} contexts: **{med:.3f}** (target >= 0.7).", "",
+              "Command: `python bench/simulator_accuracy.py`."]
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
