@@ -13,6 +13,7 @@ from autosync.datasets.store import DatasetStore
 from autosync.errors import UserError
 from autosync.executor.emulate import EmulationError, emulate
 from autosync.executor.launch import TrialFailure
+from autosync.models import training
 from autosync.models.ranker import CostModel
 from autosync.models.train import PRETRAINED
 from autosync.profiler import Profile
@@ -59,7 +60,7 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
              settings: TrialSettings = TrialSettings(), on_measured=None, status=None) -> tuple[TuneResult, Profile]:
     model = load_model(model_path)
     store = DatasetStore(data)
-    base = DatasetStore(SHIPPED_DATA, create=False) if SHIPPED_DATA.is_dir() else None
+    base = training.build(DatasetStore(SHIPPED_DATA, create=False)) if (SHIPPED_DATA / "profiles").is_dir() else None
     batch = batch_size or workloads.default_batch_size(workload)
     if measure == 0:
         if status:

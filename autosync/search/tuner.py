@@ -125,12 +125,12 @@ class Tuner:
     predictions. Workers on one storage see each other's measurements.
     """
 
-    def __init__(self, profile: Profile, model: CostModel, base_store: DatasetStore | None, store: DatasetStore,
+    def __init__(self, profile: Profile, model: CostModel, base: "training.TrainingSet | None", store: DatasetStore,
                  storage: str, lossless: bool = False, seed: int = 0, candidates: int = 500, per_round: int = 3,
                  min_distance: float = 0.25, settings: TrialSettings = TrialSettings()):
         self.profile = profile
         self.model = model
-        self.base_store, self.store = base_store, store
+        self.base, self.store = base, store
         self.lossless = lossless
         self.candidates, self.per_round, self.min_distance = candidates, per_round, min_distance
         self.settings = settings
@@ -185,15 +185,12 @@ class Tuner:
 
     # --- refitting -----------------------------------------------------------------------------
     def refit(self) -> None:
-        """Refit on the base dataset plus this context's measurements (active learning)."""
-        frames = []
-        for store in (self.base_store, self.store):
-            if store is None:
-                continue
-            try:
-                frames.append(training.build(store))
-            except ValueError:
-                continue
+        """Refit on the base training set plus this context's measurements (active learning)."""
+        frames = [self.base] if self.base is not None else []
+        try:
+            frames.append(training.build(self.store))
+        except ValueError:  # no measured default in this context yet
+            pass
         if not frames:
             return
         data = training.TrainingSet.concat(frames)
@@ -208,7 +205,7 @@ def _predicted_speedup(model: CostModel, score: float) -> float:
 
 
 def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, storage: str,
-         pool: RankPool | None = None, base_store: DatasetStore | None = None, lossless: bool = False,
+         pool: RankPool | None = None, base: "training.TrainingSet | None" = None, lossless: bool = False,
          seed: int = 0, candidates: int = 500, per_round: int = 3, settings: TrialSettings = TrialSettings(),
          on_measured=None, workload=None) -> TuneResult:
     """Run the loop; ``pool`` is needed when ``measure > 0``."""
@@ -216,14 +213,14 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
 
     t0 = time.monotonic()
     measure_time = 0.0
-    tuner = Tuner(profile, model, base_store, store, storage, lossless, seed, candidates, per_round,
+    tuner = Tuner(profile, model, base, store, storage, lossless, seed, candidates, per_round,
                   settings=settings)
     tuner.propose(candidates)
-    base = baselines(profile)
+    hand = baselines(profile)
     if lossless:
-        base = {k: v for k, v in base.items() if v.is_lossless}
-    base_scores = dict(zip(base, tuner.score(list(base.values()))))
-    for name, strategy in base.items():
+        hand = {k: v for k, v in hand.items() if v.is_lossless}
+    base_scores = dict(zip(hand, tuner.score(list(hand.values()))))
+    for name, strategy in hand.items():
         tuner.scored.setdefault(strategy.hash, (float(base_scores[name]), strategy))
     result_measured: list[Measured] = []
     stored = _stored(store, profile)
@@ -252,7 +249,7 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
         if pool is None:
             raise ValueError("measuring needs a rank pool")
         run("ddp_default", Strategy.default())
-        best_base = max(((n, s) for n, s in base.items() if n != "ddp_default"), key=lambda t: base_scores[t[0]],
+        best_base = max(((n, s) for n, s in hand.items() if n != "ddp_default"), key=lambda t: base_scores[t[0]],
                         default=None)
         if best_base and measure > 1:
             run(best_base[0], best_base[1])
@@ -272,7 +269,7 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
     if measure == 0:
         for score, strategy in pick_diverse(tuner.ranked(), per_round, set(), tuner.min_distance):
             tuner.record(strategy, float(score), "predicted", worker=f"{os.uname().nodename}:{os.getpid()}")
-    result = _recommend(tuner, result_measured, base)
+    result = _recommend(tuner, result_measured, hand)
     result.candidates_scored = len(tuner.scored)
     result.search_seconds = time.monotonic() - t0 - measure_time
     return result

@@ -1,0 +1,79 @@
+"""Bad command lines, table-driven across every subcommand: exit 2, one line, no traceback."""
+import subprocess
+import sys
+
+import pytest
+
+F = "tests/fixtures/faulty.py"
+CASES = [
+    # (argv, expected text in the one line)
+    ([], "the following arguments are required: COMMAND"),
+    (["explode"], "invalid choice: 'explode'"),
+    (["-v", "bogus"], "invalid choice: 'bogus'"),
+    # run
+    (["run"], "required: --workload"),
+    (["run", "--workload", "mlp", "--nproc", "-2"], "--nproc: expected a positive integer"),
+    (["run", "--workload", "mlp", "--nproc", "two"], "--nproc: expected a positive integer, got 'two'"),
+    (["run", "--workload", "mlp", "--steps", "0"], "--steps: expected a positive integer, got 0"),
+    (["run", "--workload", "mlp", "--warmup", "-1"], "--warmup: expected an integer >= 0"),
+    (["run", "--workload", "mlp", "--seed", "x"], "--seed: expected an integer >= 0"),
+    (["run", "--workload", "mlp", "--timeout", "0"], "--timeout: expected a positive number"),
+    (["run", "--workload", "mlp", "--batch-size", "0"], "--batch-size: expected a positive integer"),
+    (["run", "--workload", "mlp", "--cluster", "3x@1gbit"], "expected NODESxRANKS@BANDWIDTH"),
+    (["run", "--workload", "mlp", "--cluster", "2x1@1gbit", "--nproc", "3"], "--nproc 3 disagrees with --cluster"),
+    (["run", "--workload", "mlp", "--cluster", "2x1@1gbit", "--ranks-per-host", "1"], "comes from --cluster"),
+    (["run", "--workload", "no.such.module:fn"], "cannot import module 'no.such.module'"),
+    (["run", "--workload", "missing.py:fn"], "file missing.py does not exist"),
+    (["run", "--workload", f"{F}:nothing_here"], "has no function 'nothing_here'"),
+    (["run", "--workload", "mlp", "--json", "--bogus"], "unrecognized arguments: --bogus"),
+    # profile
+    (["profile"], "required: --workload/--model, --cluster"),
+    (["profile", "--workload", "mlp"], "required: --cluster"),
+    (["profile", "--workload", "mlp", "--cluster", "2x1@0.5mbit"], "outside 1mbit..100gbit"),
+    (["profile", "--workload", "mlp", "--cluster", "2x1@1gbit,5s"], "is over 1 s"),
+    (["profile", "--workload", "nope", "--cluster", "2x1@1gbit"], "unknown workload 'nope'"),
+    (["profile", "--workload", "mlp", "--cluster", "2x1@1gbit", "--timeout", "-1"], "--timeout: expected a positive"),
+    # collect
+    (["collect"], "required: --workloads, --clusters"),
+    (["collect", "--workloads", "mlp", "--clusters", "2x1"], "expected NODESxRANKS@BANDWIDTH"),
+    (["collect", "--workloads", "mlp", "--clusters", "2x1@1gbit", "--per-context", "-5"], "--per-context"),
+    (["collect", "--workloads", "nope", "--clusters", "2x1@1gbit"], "unknown workload 'nope'"),
+    (["collect", "--workloads", "mlp", "--clusters", "2x1@1gbit", "--budget", "0"], "--budget: expected a positive"),
+    (["collect", "--workloads", "mlp", "--clusters", "2x1@1gbit;node5=1mbit"], "node5 does not exist"),
+    # train
+    (["train", "--data", "/no/such/dir"], "no dataset here"),
+    (["train", "--kind", "forest"], "invalid choice: 'forest'"),
+    (["train", "--seed", "-1"], "--seed: expected an integer >= 0"),
+    # evaluate
+    (["evaluate", "--data", "/no/such/dir"], "no dataset here"),
+    (["evaluate", "--split", "random"], "invalid choice: 'random'"),
+    # tune
+    (["tune", "--cluster", "2x1@1gbit"], "one of the arguments --workload --model is required"),
+    (["tune", "--workload", "mlp", "--cluster", "2x1@1gbit", "--measure", "lots"], "--measure: expected an integer"),
+    (["tune", "--workload", "mlp", "--cluster", "2x1@1gbit", "--storage", "::"], "is not a database URL"),
+    (["tune", "--workload", "mlp", "--cluster", "2x1@1gbit", "--candidates", "-1"], "--candidates"),
+    (["tune", "--workload", "mlp", "--cluster", "0x1@1gbit"], "must be at least 1"),
+    (["tune", "--model", "mlp", "--cluster", "2x1@1gbit", "--measure", "0", "--cost-model", "/none"],
+     "cannot read model card"),
+    # cluster
+    (["cluster"], "required: ACTION"),
+    (["cluster", "check"], "required: SPEC"),
+    (["cluster", "check", "2x1@1gbit,loss=200%"], "loss must be below 100%"),
+    (["cluster", "check", "1x2@1gbit"], "has one host: there is no host link to measure"),
+    (["cluster", "sweep", "--everything"], "unrecognized arguments: --everything"),
+]
+
+
+@pytest.mark.parametrize("argv, message", CASES, ids=[" ".join(c[0])[:60] or "<none>" for c in CASES])
+def test_bad_command_line(argv, message, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "autosync.cli", *argv], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path if argv[:1] == ["tune"] else None)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_there_are_at_least_forty_cases_over_every_subcommand():
+    assert len(CASES) >= 40
+    assert {c[0][0] for c in CASES if c[0]} >= {"run", "profile", "collect", "train", "evaluate", "tune", "cluster"}
