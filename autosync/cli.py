@@ -22,6 +22,15 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message} (see --help)")
 
 
+def _console():
+    """A rich console; 120 columns when stdout is not a terminal (rich would assume 80)."""
+    import sys as _sys
+
+    from rich.console import Console
+
+    return Console() if _sys.stdout.isatty() else Console(width=120)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -126,7 +135,7 @@ def _print_result(result, as_json: bool, title: str) -> None:
         table.add_column(col, justify="right")
     table.add_row(result.status, f"{result.samples_per_s:,.1f}", f"{result.median_step_s * 1e3:.1f} ms",
                   f"{result.cv:.1%}", f"{result.peak_mem_mb:,.0f} MB", str(result.world_size), str(result.batch_size))
-    console = Console()
+    console = _console()
     console.print(table)
     if result.reason:
         console.print(f"reason: {result.reason}", markup=False)
@@ -220,7 +229,7 @@ def _cmd_cluster_check(args) -> int:
         table.add_row(f"node{r.host}", f"node{r.peer}", f"{r.configured_bps / 1e6:,.0f} Mbit/s",
                       f"{r.measured_bps / 1e6:,.1f} Mbit/s", f"{r.measured_bps / r.configured_bps:.2f}",
                       f"{r.configured_latency_s * 1e3:.3f} ms", f"{r.measured_latency_s * 1e3:.3f} ms")
-    Console().print(table)
+    _console().print(table)
     return 0
 
 
@@ -313,7 +322,7 @@ def _cmd_profile(args) -> int:
     for scope, fits in profile.network.fits.items():
         f = fits["all_reduce"]
         table.add_row(f"all_reduce ({scope})", f"alpha {f.alpha_s * 1e6:,.0f} us, {f.bandwidth_bps / 1e6:,.0f} Mbit/s")
-    Console().print(table)
+    _console().print(table)
     return 0
 
 
@@ -428,7 +437,7 @@ def _cmd_evaluate(args) -> int:
     for _, r in report.summary.iterrows():
         table.add_row(f"leave-one-{r.split}-out", str(r.method), f"{r.pairwise:.3f}", f"{r.kendall_tau:.3f}",
                       f"{r.regret:.1%}", f"{r.top5_hit:.0%}")
-    Console().print(table)
+    _console().print(table)
     transfer.plot(report, args.plot)
     if args.markdown:
         Path(args.markdown).write_text(report.to_markdown() + "\n")
@@ -498,7 +507,7 @@ def _cmd_tune(args) -> int:
                                    args.batch_size, args.cost_model, args.seed, args.candidates,
                                    on_measured=on_measured, status=lambda text: status.update(text))
     Path(args.out).write_text(strategy_file_text(result, profile))
-    console = Console()
+    console = _console()
     if result.measured:
         table = Table(title=f"measured on {args.cluster} ({workload}, batch {profile.model.batch_size}/rank)")
         for col in ("source", "strategy", "lossless", "predicted speedup", "status", "samples/s", "vs default"):
