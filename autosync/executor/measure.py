@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from autosync.executor.launch import RankContext, RankPool, TrialFailure
+from autosync.executor.memory import peak_rss_mb, reset_peak_rss
 from autosync.strategy import Strategy
 
 
@@ -64,25 +65,6 @@ class TrialResult:
         return self.status == "ok"
 
 
-def _reset_peak_rss() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def _peak_rss_mb() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def _make_optimizer(name: str, params, lr: float):
     import torch
 
@@ -99,7 +81,7 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
     from autosync import workloads
     from autosync.executor.apply import apply, release
 
-    _reset_peak_rss()
+    reset_peak_rss()
     strategy = Strategy.from_dict(spec.strategy)
     model, make_batch = workloads.build(spec.workload, seed=spec.seed)
     optimizer = _make_optimizer(spec.optimizer, model.parameters(), spec.lr)
@@ -138,7 +120,7 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
     slowest = summary[0].clone()
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     dist.all_reduce(summary[1])
-    peak = torch.tensor([_peak_rss_mb()])
+    peak = torch.tensor([peak_rss_mb()])
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     out: dict[str, Any] = {"step_times": slowest.tolist(), "losses": (summary[1] / ctx.world_size).tolist(),
                            "peak_mem_mb": float(peak.item())}

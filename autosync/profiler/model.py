@@ -23,6 +23,7 @@ from torch import nn
 
 from autosync import workloads
 from autosync.errors import UserError
+from autosync.executor.memory import peak_rss_mb, reset_peak_rss
 
 FIRST_BUCKET_BYTES = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1 << 20)
 
@@ -85,22 +86,6 @@ class ModelProfile:
         return cls(**d)
 
 
-def _peak_rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _reset_peak_rss() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
 def _owner_types(model: nn.Module) -> dict[str, str]:
     out = {}
     for mod_name, mod in model.named_modules():
@@ -132,7 +117,7 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
 
     handles = [p.register_post_accumulate_grad_hook(hook_for(n)) for n, p in named]
     fwd, bwd, opt = [], [], []
-    _reset_peak_rss()
+    reset_peak_rss()
     try:
         for i in range(warmup + repeats):
             batch = make_batch(batch_size, gen)
@@ -164,7 +149,7 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
     finally:
         for h in handles:
             h.remove()
-    peak = _peak_rss_mb()
+    peak = peak_rss_mb()
 
     from torch.utils.flop_counter import FlopCounterMode
 
