@@ -3,8 +3,10 @@
 A step is forward + backward (with the strategy's communication) + optimizer step, timed
 on each rank; the step time of the job is the slowest rank's. Throughput is
 ``world_size * batch_size / median(step time)``; the coefficient of variation is
-``std / mean`` of the timed steps. Peak memory is the largest resident-set peak of any
-rank during the trial (Linux VmHWM, reset before the trial).
+``std / mean`` of the timed steps. Local SGD is periodic (one step in ``period`` averages
+the model), so its timed steps are whole periods and its step time is their *mean*: a
+median would drop the averaging step and overstate it by up to the period. Peak memory is
+the largest resident-set peak of any rank during the trial (Linux VmHWM, reset before it).
 """
 from __future__ import annotations
 
@@ -73,6 +75,11 @@ def _make_optimizer(name: str, params, lr: float):
     return torch.optim.SGD(params, lr=lr, momentum=0.9)
 
 
+def _whole_periods(steps: int, period: int) -> int:
+    """``steps`` rounded down to whole periods, at least one period."""
+    return max(period, steps // period * period) if period > 1 else steps
+
+
 def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
     """Rank-side body of a trial; every rank returns the same summary (plus params on rank 0)."""
     import torch
@@ -94,7 +101,8 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
     else:  # every rank built the model from the same seed: DDP's initial broadcast is not needed
         ddp, optimizer = apply(model, optimizer, strategy, init_sync=False, force_worker=spec.force_worker)
     gen = torch.Generator().manual_seed(spec.seed * 100_003 + ctx.rank)
-    total = spec.warmup_steps + spec.steps
+    period = strategy.sync.period if strategy.sync.mode == "local_sgd" else 1
+    total = spec.warmup_steps + _whole_periods(spec.steps, period)
     times, losses = [], []
     try:
         dist.barrier()
@@ -113,7 +121,7 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
                 slowest = torch.tensor([max(times[-1:] or [0.0])])
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # every rank takes the same decision
                 fits = int(spec.time_budget_s / max(slowest.item(), 1e-6))
-                total = spec.warmup_steps + max(spec.min_steps, min(spec.steps, fits))
+                total = spec.warmup_steps + _whole_periods(max(spec.min_steps, min(spec.steps, fits)), period)
     finally:
         release(ddp)
     summary = torch.tensor([times, losses], dtype=torch.float64)
@@ -131,8 +139,9 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
 
 def summarize(spec: TrialSpec, world_size: int, raw: dict[str, Any], wall_s: float) -> TrialResult:
     timed = raw["step_times"][spec.warmup_steps:]
-    median = statistics.median(timed)
     mean = statistics.fmean(timed)
+    periodic = Strategy.from_dict(spec.strategy).sync.mode == "local_sgd"
+    median = mean if periodic else statistics.median(timed)  # "median_step_s": the representative step time
     cv = statistics.pstdev(timed) / mean if len(timed) > 1 and mean > 0 else 0.0
     return TrialResult(str(spec.workload), Strategy.from_dict(spec.strategy).hash, world_size, spec.batch_size, "ok",
                        samples_per_s=world_size * spec.batch_size / median, median_step_s=median, cv=cv,
