@@ -2,13 +2,31 @@
 
 Public API::
 
+    strategy = autosync.tune("bert-mini", cluster="2x1@100mbit", measure=8)   # or tune(model, make_batch, ...)
     strategy = autosync.load_strategy("strategy.yaml")
     model, optimizer = autosync.apply(model, optimizer, strategy)   # inside any DDP training script
 """
+from autosync.cluster import Cluster, parse_cluster
 from autosync.errors import UserError
 from autosync.executor.apply import apply, release
 from autosync.strategy import Strategy, StrategyError, load_strategy, loads_strategy, save_strategy
 
-__all__ = ["Strategy", "StrategyError", "UserError", "apply", "release", "load_strategy", "loads_strategy",
-           "save_strategy"]
+
+
+def tune(*args, **kwargs):
+    """Find a strategy for a workload or model on a cluster; see :func:`autosync.api.tune`."""
+    from autosync.api import tune as _tune
+
+    return _tune(*args, **kwargs)
+
+
+def profile(*args, **kwargs):
+    """Profile a workload and a cluster; see :func:`autosync.api.profile`."""
+    from autosync.api import profile as _profile
+
+    return _profile(*args, **kwargs)
+
+
+__all__ = ["Cluster", "Strategy", "StrategyError", "UserError", "apply", "load_strategy", "loads_strategy",
+           "parse_cluster", "profile", "release", "save_strategy", "tune"]
 __version__ = "0.1.0"

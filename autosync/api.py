@@ -90,6 +90,18 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
     return result, profile
 
 
+def profile(workload_or_model, cluster: str | Cluster = "2x1@1gbit", make_batch: Callable | None = None,
+            batch_size: int | None = None, nominal: bool = False) -> Profile:
+    """Profile a workload and a cluster: measured on the emulated cluster, or ``nominal`` from the spec."""
+    cluster = parse_cluster(cluster) if isinstance(cluster, str) else cluster
+    w = resolve_workload(workload_or_model, make_batch, batch_size)
+    batch = batch_size or workloads.default_batch_size(w)
+    if nominal:
+        return nominal_profile(cluster, w, batch)
+    with emulate(cluster) as emu, emu.pool() as pool:
+        return run_profile(pool, cluster, w, batch)
+
+
 def tune(workload_or_model, make_batch: Callable | None = None, cluster: str | Cluster = "2x1@1gbit",
          measure: int = 8, lossless: bool = False, storage: str = DEFAULT_STORAGE, batch_size: int | None = None,
          data: str | Path = "autosync-data", seed: int = 0, out: str | Path | None = None) -> Strategy:
