@@ -115,7 +115,6 @@ def _print_result(result, as_json: bool, title: str) -> None:
     if as_json:
         print(result.to_json())
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title)
@@ -138,8 +137,6 @@ def _cmd_run(args) -> int:
     strategy, batch_size = _validate_run(args)
     spec = TrialSpec(args.workload, strategy.canonical(), batch_size, args.warmup, args.steps, args.seed)
     if args.cluster is not None:
-        from autosync.executor.emulate import emulate
-
         with _emulation(args.cluster) as cluster, cluster.pool() as pool:
             result, _ = measure(pool, spec, timeout=args.timeout)
         where = f"cluster {args.cluster}"
@@ -194,10 +191,9 @@ def _cmd_cluster_check(args) -> int:
     import dataclasses
     import json
 
-    from rich.console import Console
     from rich.table import Table
 
-    from autosync.executor.emulate import EmulatedCluster, can_emulate
+    from autosync.executor.emulate import can_emulate
     from autosync.executor.linkcheck import check_links
 
     ok, why = can_emulate()

@@ -1,6 +1,6 @@
 import pytest
 
-from autosync.cluster import Cluster, ClusterSpecError, Link, parse_cluster
+from autosync.cluster import ClusterSpecError, Link, parse_cluster
 
 
 @pytest.mark.parametrize("text, nodes, ranks, rate, latency", [

@@ -1,6 +1,5 @@
 """Dataset store: atomic append, dedup, bad files; collect resumes after SIGINT without loss."""
 import multiprocessing as mp
-import os
 import signal
 import subprocess
 import sys

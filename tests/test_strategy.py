@@ -1,7 +1,6 @@
 import json
 
 import pytest
-import torch
 from torch import nn
 
 from autosync.strategy import Strategy, StrategyError, load_strategy, loads_strategy, save_strategy

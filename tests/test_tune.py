@@ -1,11 +1,9 @@
 """`autosync tune`: shared PostgreSQL studies, strategies that run, bad input."""
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import optuna

@@ -30,7 +30,6 @@ instead, like DDP's own ``allreduce_hook``.
 # No "from __future__ import annotations": DDP checks the hook's annotations at run time.
 
 import logging
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -167,7 +166,6 @@ class SyncState:
         plain = all(g.plan == "allreduce" and g.compressor.name == "none" for g in strategy.groups)
         self.fast_path = plain and not self.local_sgd and not force_worker
         self._worker = None if self.fast_path else ThreadPoolExecutor(1, thread_name_prefix="autosync-sync")
-        self._lock = threading.Lock()
 
     # --- layout ---------------------------------------------------------------------------
     def segments(self, params: list[torch.Tensor], numel: int) -> list[Segment]:

@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-from autosync.cluster import Cluster
 from autosync.datasets.store import DatasetStore
 from autosync.errors import UserError
 from autosync.executor.launch import RankPool

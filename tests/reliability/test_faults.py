@@ -1,6 +1,5 @@
 """Faults under real conditions: a host link taken down mid-trial; tune interrupted and resumed."""
 import json
-import os
 import signal
 import subprocess
 import sys
