@@ -115,3 +115,18 @@ def test_tune_bad_input_is_one_line_exit_2(tmp_path, args, message):
     out = autosync("tune", *args, "--out", str(tmp_path / "s.yaml"), "--data", str(tmp_path / "d"), timeout=120)
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_python_api_tunes_a_model_object_for_a_cluster_we_do_not_have(tmp_path, monkeypatch):
+    import autosync
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures"))
+    import small
+
+    out = tmp_path / "s.yaml"
+    strategy = autosync.tune(small.Net(), small.make_batch, cluster="2x8@25gbit", measure=0,
+                             storage=f"sqlite:///{tmp_path}/t.db", data=tmp_path / "d", out=out)
+    assert isinstance(strategy, autosync.Strategy)
+    assert autosync.load_strategy(out) == strategy and "predicted" in out.read_text()
+    with pytest.raises(autosync.UserError, match="make_batch must be picklable"):
+        autosync.tune(small.Net(), lambda b, g: {}, cluster="2x1@1gbit", measure=0)
