@@ -82,8 +82,9 @@ def test_a_slow_link_bounds_the_step_time():
 
 
 def test_sweep_removes_what_a_dead_run_left():
-    pid = subprocess.Popen(["true"]).pid
-    os.waitpid(pid, 0)  # a pid that is certainly dead now
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that is certainly dead now
+    pid = dead.pid
     name = f"autosync-{pid}-abcdef-sw"
     subprocess.run(["ip", "netns", "add", name], check=True)
     assert name in sweep()

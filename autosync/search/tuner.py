@@ -138,12 +138,7 @@ class Tuner:
         self.study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(
             seed=seed, n_startup_trials=min(200, candidates // 2)))
         self.study_name = f"autosync|{profile.context_id}|{'lossless' if lossless else 'any'}"
-        try:
-            self.shared = optuna.create_study(study_name=self.study_name, storage=storage, direction="maximize",
-                                              load_if_exists=True)
-        except Exception as e:  # noqa: BLE001 - SQLAlchemy/driver errors of many kinds
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"cannot open Optuna storage {storage!r}: {first}") from None
+        self.shared = _open_shared(self.study_name, storage)
         self.scored: dict[str, tuple[float, Strategy]] = {}
 
     def record(self, strategy: Strategy, value: float | None, kind: str, **attrs) -> None:
@@ -197,6 +192,26 @@ class Tuner:
                                                     self.seed)
         for h, (_, s) in list(self.scored.items()):
             self.scored[h] = (float(self.score([s])[0]), s)
+
+
+def _open_shared(name: str, storage: str, attempts: int = 5) -> optuna.Study:
+    """The shared study; retried a few times, because workers starting together on an empty
+    database race to create Optuna's tables (PostgreSQL then reports a unique violation)."""
+    import random
+    import time
+
+    for attempt in range(attempts):
+        try:
+            return optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+        except ImportError as e:
+            raise UserError(f"cannot open Optuna storage {storage!r}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - SQLAlchemy/driver errors of many kinds
+            if attempt + 1 < attempts and ("duplicate key" in str(e) or "already exists" in str(e)):
+                time.sleep(0.2 + random.random())
+                continue
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"cannot open Optuna storage {storage!r}: {first}") from None
+    raise AssertionError("unreachable")
 
 
 def _predicted_speedup(model: CostModel, score: float) -> float:
