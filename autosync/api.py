@@ -17,7 +17,7 @@ from autosync.models import training
 from autosync.models.ranker import CostModel
 from autosync.models.train import PRETRAINED
 from autosync.profiler import Profile
-from autosync.profiler.profile import nominal_profile, run_profile
+from autosync.profiler.profile import ProfileError, load_profile, nominal_profile, run_profile
 from autosync.search.trials import TrialSettings
 from autosync.search.tuner import TuneResult, tune as _tune_loop
 from autosync.strategy import Strategy
@@ -57,22 +57,27 @@ def load_model(path: str | Path | None = None, kind: str = "regressor") -> CostM
 def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = False,
              storage: str = DEFAULT_STORAGE, data: str | Path = "autosync-data", batch_size: int | None = None,
              model_path: str | Path | None = None, seed: int = 0, candidates: int = 500,
-             settings: TrialSettings = TrialSettings(), on_measured=None, status=None) -> tuple[TuneResult, Profile]:
+             settings: TrialSettings = TrialSettings(), on_measured=None, status=None,
+             profile_path: str | Path | None = None) -> tuple[TuneResult, Profile]:
+    """Tune ``workload`` on ``cluster``; ``profile_path`` (from `autosync profile`) replaces profiling."""
     model = load_model(model_path)
     store = DatasetStore(data)
     base = training.build(DatasetStore(SHIPPED_DATA, create=False)) if (SHIPPED_DATA / "profiles").is_dir() else None
     batch = batch_size or workloads.default_batch_size(workload)
+    context_id = f"{workload}|b{batch}|{cluster.spec()}"
+    given = _given_profile(profile_path, context_id) if profile_path else None
     if measure == 0:
-        if status:
+        if status and given is None:
             status("profiling the model (nominal network)")
-        profile = nominal_profile(cluster, workload, batch)
+        profile = given or nominal_profile(cluster, workload, batch)
         return _tune_loop(profile, model, 0, store, storage, None, base, lossless, seed, candidates,
                           settings=settings), profile
     try:
         with emulate(cluster) as emu, emu.pool() as pool:
-            context_id = f"{workload}|b{batch}|{cluster.spec()}"
             stored = store.load_profile_dict(context_id)
-            if stored is not None:
+            if given is not None:
+                profile = given
+            elif stored is not None:
                 profile = Profile.from_dict(stored, str(store.profile_path(context_id)))
             else:
                 if status:
@@ -88,6 +93,15 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
     except TrialFailure as f:
         raise UserError(f"profiling failed ({f.status}): {f.reason}") from None
     return result, profile
+
+
+def _given_profile(path: str | Path, context_id: str) -> Profile:
+    """A profile file the user gave: readable, of this version, and of this (workload, batch, cluster)."""
+    profile = load_profile(path)
+    if profile.context_id != context_id:
+        raise ProfileError(f"{path}: profile is of {profile.context_id!r}, not of {context_id!r}; "
+                           f"profile this workload and cluster again")
+    return profile
 
 
 def profile(workload_or_model, cluster: str | Cluster = "2x1@1gbit", make_batch: Callable | None = None,

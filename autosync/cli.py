@@ -466,6 +466,9 @@ def _add_tune(sub) -> None:
     p.add_argument("--batch-size", type=_positive_int, default=None, help="per-rank batch size (default: the workload's)")
     p.add_argument("--candidates", type=_positive_int, default=500, help="candidates scored in the first round (default 500)")
     p.add_argument("--cost-model", metavar="DIR", default=None, help="a model from `autosync train` (default: shipped)")
+    p.add_argument("--profile", metavar="FILE", default=None,
+                   help="a profile from `autosync profile` of this workload and cluster, used instead of profiling "
+                        "(e.g. one measured on the real cluster, with --measure 0)")
     p.add_argument("--seed", type=_non_negative_int, default=0)
     p.set_defaults(func=_cmd_tune)
 
@@ -489,7 +492,8 @@ def _cmd_tune(args) -> int:
 
         result, profile = run_tune(workload, args.cluster, args.measure, args.lossless, args.storage, args.data,
                                    args.batch_size, args.cost_model, args.seed, args.candidates,
-                                   on_measured=on_measured, status=lambda text: status.update(text))
+                                   on_measured=on_measured, status=lambda text: status.update(text),
+                                   profile_path=args.profile)
     Path(args.out).write_text(strategy_file_text(result, profile))
     console = _console()
     if result.measured:

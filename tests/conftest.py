@@ -1,5 +1,6 @@
 """Shared helpers: every test that starts ranks checks that none of them outlives it."""
 import os
+import time
 
 import pytest
 
@@ -47,3 +48,39 @@ def no_leftover_ranks():
     yield
     left = [p for p in child_pids() if p not in before]
     assert not pids_alive(left), f"rank processes left running: {left}"
+
+
+def processes_under(path):
+    """PIDs (other than this one) whose working directory is ``path`` or inside it: a CLI run with cwd=path
+    and every rank it spawned (ranks inherit the working directory)."""
+    path, out = str(os.path.realpath(path)), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+                with open(f"/proc/{entry}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z" and (cwd == path or cwd.startswith(path + os.sep)):
+                out.append(int(entry))
+    return out
+
+
+@pytest.fixture
+def nothing_left(tmp_path):
+    """A check that no process running in tmp_path (a CLI run and its ranks) and no namespace of ours created
+    during the test is left; called by the test when it likes, and once more at teardown."""
+    from autosync.executor.emulate import list_namespaces
+
+    before = set(list_namespaces())
+
+    def check():
+        deadline = time.monotonic() + 5
+        while processes_under(tmp_path) and time.monotonic() < deadline:  # a dying process may need a moment
+            time.sleep(0.2)
+        assert processes_under(tmp_path) == [], "processes of this test left running"
+        assert set(list_namespaces()) - before == set(), "namespaces of this test left behind"
+
+    yield check
+    check()

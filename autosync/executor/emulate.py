@@ -7,7 +7,7 @@ Topology for a Cluster of N hosts::
 Host i has address 198.18.0.(i+1)/24 (RFC 2544 benchmark range) on its ``veth0``. Each
 host link is shaped in both directions (host egress on ``veth0``, switch egress on
 ``p<i>``) by netem (delay = half the host-to-host latency, jitter, loss) with a tbf child
-(rate). Ranks of a host run inside its namespace with gloo bound to ``veth0``; ranks of
+(rate); on kernels without netem, by tbf alone, with loss as a random-drop BPF filter. Ranks of a host run inside its namespace with gloo bound to ``veth0``; ranks of
 one host reach each other through the kernel's local route, unshaped, like shared memory
 on a real host. The rendezvous store lives on host 0.
 
@@ -122,10 +122,29 @@ def _direction_loss(path_loss: float) -> float:
     return 1 - math.sqrt(1 - path_loss) if path_loss else 0.0
 
 
+def loss_commands(netns: str, dev: str, loss: float) -> list[list[str]]:
+    """tc commands dropping a random fraction ``loss`` of the packets leaving ``dev``, without netem.
+
+    A classic-BPF classifier on the clsact egress hook, in direct-action mode::
+
+        A = random u32                     (ld #rand, SKF_AD_RANDOM)
+        if A >= loss * 2^32: continue      (TC_ACT_UNSPEC: on to the qdisc)
+        else:                drop          (TC_ACT_SHOT)
+
+    so each packet is dropped independently with probability ``loss``.
+    """
+    threshold = min(2**32 - 1, round(loss * 2**32))
+    program = f"4,32 0 0 {2**32 - 4096 + 56},53 1 0 {threshold},6 0 0 2,6 0 0 {2**32 - 1}"
+    tc = ["ip", "netns", "exec", netns, "tc"]
+    return [tc + ["qdisc", "add", "dev", dev, "clsact"],
+            tc + ["filter", "add", "dev", dev, "egress", "bpf", "da", "bytecode", program]]
+
+
 def shape_commands(netns: str, dev: str, link: Link, netem: bool = True) -> list[list[str]]:
     """tc commands shaping the egress of ``dev``: netem (delay/jitter/loss) with a tbf child (rate).
 
-    Without netem (``netem=False``) only the tbf, as the root qdisc: rate without delay.
+    Without netem (``netem=False``) the tbf is the root qdisc (rate without delay) and loss, if
+    any, is a random-drop BPF filter in front of it (:func:`loss_commands`).
     """
     rate_bytes = link.rate_bps / 8
     burst = max(64 * 1024, int(rate_bytes * 0.0005))        # 0.5 ms of traffic, at least one GSO packet
@@ -133,7 +152,8 @@ def shape_commands(netns: str, dev: str, link: Link, netem: bool = True) -> list
     tc = ["ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", dev]
     tbf = ["tbf", "rate", f"{int(link.rate_bps)}bit", "burst", str(burst), "limit", str(limit)]
     if not netem:
-        return [tc + ["root", "handle", "1:", *tbf]]
+        drop = loss_commands(netns, dev, _direction_loss(link.loss)) if link.loss else []
+        return [tc + ["root", "handle", "1:", *tbf], *drop]
     delay = ["delay", f"{link.latency_s / 2 * 1e6:.0f}us"]
     if link.jitter_s:
         delay += [f"{link.jitter_s / 2 * 1e6:.0f}us", "distribution", "normal"]
@@ -177,9 +197,9 @@ class EmulatedCluster:
             raise EmulationError(why)
         self.netem = has_netem()
         links = [self.cluster.link_of(i) for i in range(self.cluster.nodes)]
-        if not self.netem and any(l.latency_s or l.jitter_s or l.loss for l in links):
-            raise EmulationError("this kernel has no netem qdisc: latency, jitter and loss cannot be emulated here "
-                                 "(bandwidth can; drop them from the cluster spec)")
+        if not self.netem and any(l.latency_s or l.jitter_s for l in links):
+            raise EmulationError("this kernel has no netem qdisc: latency and jitter cannot be emulated here "
+                                 "(bandwidth and loss can; drop them from the cluster spec)")
         left = sweep()
         if left:
             log.warning("removed %d namespaces left by dead autosync runs", len(left))
