@@ -8,9 +8,17 @@ Public API::
 """
 from autosync.cluster import Cluster, parse_cluster
 from autosync.errors import UserError
-from autosync.executor.apply import apply, release
 from autosync.strategy import Strategy, StrategyError, load_strategy, loads_strategy, save_strategy
 
+
+
+def __getattr__(name):
+    """``apply`` and ``release`` import torch: loaded on first use, so the CLI answers --help at once."""
+    if name in ("apply", "release"):
+        from autosync.executor import apply as _apply
+
+        return getattr(_apply, name)
+    raise AttributeError(f"module 'autosync' has no attribute {name!r}")
 
 
 def tune(*args, **kwargs):

@@ -10,9 +10,19 @@ import pandas as pd
 import pytest
 
 from autosync.datasets.store import DatasetStore
+from autosync.cluster import parse_cluster
 from autosync.executor.emulate import can_emulate
+from autosync.profiler.profile import nominal_profile
 
 pytestmark = pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
+
+
+def _store_with_profile(root, workload, cluster):
+    """A dataset folder holding the context's (nominal) profile: the commands start measuring at once."""
+    store = DatasetStore(root)
+    profile = nominal_profile(parse_cluster(cluster), workload)
+    store.save_profile(profile.context_id, profile.to_dict())
+    return store
 
 
 def _interrupt_when(cmd, cwd, ready, sig, limit=300.0):
@@ -34,14 +44,15 @@ def _interrupt_when(cmd, cwd, ready, sig, limit=300.0):
 def test_collect_interrupted_by_sigint_then_sigterm_resumes_without_loss_or_duplicates(tmp_path, nothing_left):
     cmd = [sys.executable, "-m", "autosync.cli", "collect", "--workloads", "resnet-tiny", "--clusters", "2x1@10gbit",
            "--per-context", "4", "--data", "d", "--budget", "0.5"]
-    store = DatasetStore(tmp_path / "d")
-    seen = pd.DataFrame()
+    store = _store_with_profile(tmp_path / "d", "resnet-tiny", "2x1@10gbit")
+    seen = None
     for sig, rows in ((signal.SIGINT, 3), (signal.SIGTERM, 6)):
         assert _interrupt_when(cmd, tmp_path, lambda: len(store.read()) >= rows, sig) == 130
         nothing_left()
         now = store.read()
         assert len(now) >= rows and not now.duplicated(["context_id", "strategy_hash"]).any()
-        pd.testing.assert_frame_equal(now.iloc[: len(seen)], seen)  # nothing stored was lost or changed
+        if seen is not None:
+            pd.testing.assert_frame_equal(now.iloc[: len(seen)], seen)  # nothing stored was lost or changed
         seen = now
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -56,7 +67,7 @@ def test_tune_interrupted_by_sigterm_then_sigint_resumes_with_the_study_intact(t
     storage = f"sqlite:///{tmp_path}/t.db"
     cmd = [sys.executable, "-m", "autosync.cli", "tune", "--workload", "resnet-tiny", "--cluster", "2x1@10gbit",
            "--measure", "5", "--data", "d", "--storage", storage, "--out", "s.yaml"]
-    store = DatasetStore(tmp_path / "d")
+    store = _store_with_profile(tmp_path / "d", "resnet-tiny", "2x1@10gbit")
 
     def study_hashes():
         summaries = optuna.get_all_study_summaries(storage)
@@ -65,12 +76,13 @@ def test_tune_interrupted_by_sigterm_then_sigint_resumes_with_the_study_intact(t
         study = optuna.load_study(study_name=summaries[0].study_name, storage=storage)
         return [t.user_attrs["hash"] for t in study.get_trials() if t.state.is_finished()]
 
-    seen = pd.DataFrame()
+    seen = None
     for sig, rows in ((signal.SIGTERM, 2), (signal.SIGINT, 3)):
         assert _interrupt_when(cmd, tmp_path, lambda: len(store.read()) >= rows, sig) == 130
         nothing_left()
         now = store.read()
-        pd.testing.assert_frame_equal(now.iloc[: len(seen)], seen)
+        if seen is not None:
+            pd.testing.assert_frame_equal(now.iloc[: len(seen)], seen)
         assert set(study_hashes()) <= set(now.strategy_hash)  # the study holds only what was measured
         seen = now
     again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
