@@ -466,6 +466,8 @@ def _add_tune(sub) -> None:
     p.add_argument("--batch-size", type=_positive_int, default=None, help="per-rank batch size (default: the workload's)")
     p.add_argument("--candidates", type=_positive_int, default=500, help="candidates scored in the first round (default 500)")
     p.add_argument("--cost-model", metavar="DIR", default=None, help="a model from `autosync train` (default: shipped)")
+    p.add_argument("--timeout", type=_positive_float, default=90.0,
+                   help="time limit of each measured trial; all its ranks are killed past it (default 90 s)")
     p.add_argument("--profile", metavar="FILE", default=None,
                    help="a profile from `autosync profile` of this workload and cluster, used instead of profiling "
                         "(e.g. one measured on the real cluster, with --measure 0)")
@@ -481,6 +483,7 @@ def _cmd_tune(args) -> int:
     from rich.table import Table
 
     from autosync.api import resolve_workload, run_tune
+    from autosync.search.trials import TrialSettings
     from autosync.search.tuner import plot_predicted_vs_measured, strategy_file_text
 
     workload = resolve_workload(args.workload or args.model, batch_size=args.batch_size)
@@ -493,7 +496,7 @@ def _cmd_tune(args) -> int:
         result, profile = run_tune(workload, args.cluster, args.measure, args.lossless, args.storage, args.data,
                                    args.batch_size, args.cost_model, args.seed, args.candidates,
                                    on_measured=on_measured, status=lambda text: status.update(text),
-                                   profile_path=args.profile)
+                                   profile_path=args.profile, settings=TrialSettings(timeout_s=args.timeout))
     Path(args.out).write_text(strategy_file_text(result, profile))
     console = _console()
     if result.measured:

@@ -313,14 +313,20 @@ def _recommend(tuner: Tuner, measured: list[Measured], base: dict[str, Strategy]
     if default is not None and best.samples_per_s <= default.samples_per_s:
         return TuneResult(default.strategy, "ddp_default", default.predicted_speedup, measured, default.samples_per_s,
                           best_baseline, note="nothing measured beat the DDP default: recommending the default")
+    failed_default = next((m for m in measured if m.source == "ddp_default" and m.status != "ok"), None)
+    note = ""
+    if failed_default:
+        why = (failed_default.reason or "no reason given").splitlines()[0]
+        note = (f"the DDP default {failed_default.status} ({why}), so no speedup over it was measured; "
+                f"check it with `autosync run`")
     return TuneResult(best.strategy, best.source, best.predicted_speedup, measured,
-                      default.samples_per_s if default else None, best_baseline)
+                      default.samples_per_s if default else None, best_baseline, note=note)
 
 
 def strategy_file_text(result: TuneResult, profile: Profile) -> str:
     """The recommended strategy as YAML, with what was predicted and measured as comments."""
     lines = [f"# autosync tune: {profile.model.workload} (batch {profile.model.batch_size}/rank) on {profile.cluster}",
-             f"# source: {result.source}"]
+             f"# source: {result.source}, strategy {result.strategy.hash}"]
     if not math.isnan(result.predicted_speedup):
         lines.append(f"# predicted speedup over the DDP default: {result.predicted_speedup:.2f}x")
     if result.measured_samples_per_s:

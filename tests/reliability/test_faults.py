@@ -2,6 +2,7 @@
 goes on: a rank SIGKILLed, a rank hanging (its peer waits inside the all-reduce), a rank aborting, a host
 link taken down mid-trial, 5% packet loss on a link."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -28,26 +29,34 @@ def _wait(predicate, limit=120.0):
     raise AssertionError("condition not reached")
 
 
-def test_collect_records_a_killed_a_hung_and_an_aborted_rank_and_goes_on(tmp_path, nothing_left):
+@pytest.mark.parametrize("command", ["collect", "tune"])
+def test_a_killed_a_hung_and_an_aborted_rank_are_recorded_and_the_run_goes_on(command, tmp_path, nothing_left):
+    """Rank 1 is SIGKILLed in the first trial, hangs in the second, aborts in the third (faulty.py)."""
     workload, cluster, limit = f"{FAULTS}:faults_in_turn", parse_cluster("2x1@10gbit"), 12
     store = DatasetStore(tmp_path / "d")
-    profile = nominal_profile(cluster, workload)  # stored, so collect starts measuring at once
+    profile = nominal_profile(cluster, workload)  # stored, so the command starts measuring at once
     store.save_profile(profile.context_id, profile.to_dict())
-    env = {**__import__("os").environ, "AUTOSYNC_TEST_FAULTS": str(tmp_path / "faults")}
+    argv = (["collect", "--workloads", workload, "--clusters", "2x1@10gbit", "--per-context", "0", "--budget", "0.2"]
+            if command == "collect" else
+            ["tune", "--model", workload, "--cluster", "2x1@10gbit", "--measure", "5", "--storage",
+             f"sqlite:///{tmp_path}/t.db"])
+    env = {**os.environ, "AUTOSYNC_TEST_FAULTS": str(tmp_path / "faults")}
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "autosync.cli", "collect", "--workloads", workload, "--clusters",
-                          "2x1@10gbit", "--per-context", "0", "--data", "d", "--budget", "0.2", "--timeout",
-                          str(limit)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-m", "autosync.cli", *argv, "--data", "d", "--timeout", str(limit)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     wall = time.monotonic() - t0
     assert out.returncode == 0, out.stderr
     rows = store.read().sort_values("timestamp")
     first = rows.head(3)
     assert list(first.status) == ["failed", "timeout", "failed"], rows[["status", "reason"]]
     assert "SIGKILL" in first.reason.iloc[0] and "SIGABRT" in first.reason.iloc[2], list(first.reason)
-    assert all(first.reason.str.len() > 0)
+    assert f"did not finish within {limit:g} s" in first.reason.iloc[1]
     later = rows.iloc[3:]
-    assert len(later) >= 4 and (later.status == "ok").all(), later[["status", "reason"]]  # the run went on
-    assert wall < limit * 3 + 90  # no fault took more than its trial's time limit
+    assert len(later) >= 2 and (later.status == "ok").all(), later[["status", "reason"]]  # the run went on
+    assert wall < limit + 90  # only the hang waited, and only for its time limit
+    if command == "tune":  # the default failed: the fastest measured strategy, and a note saying why
+        assert "the DDP default failed" in out.stdout
+        assert (tmp_path / "strategy.yaml").read_text().count(later.sort_values("samples_per_s").strategy_hash.iloc[-1])
     nothing_left()
 
 
