@@ -61,3 +61,14 @@ def test_bad_files_name_the_file(tmp_path):
     pq.write_table(pa.table({"x": [1]}), main)
     with pytest.raises(DatasetError, match="not an autosync dataset"):
         store.read()
+
+
+def test_remove_deletes_only_the_given_rows(tmp_path):
+    store = DatasetStore(tmp_path)
+    store.append([row("a", str(i)) for i in range(5)])
+    store.append([row("b", "1")])
+    assert store.remove({("a", "1"), ("a", "3"), ("zz", "0")}) == 2
+    df = store.read()
+    assert sorted(zip(df.context_id, df.strategy_hash)) == [("a", "0"), ("a", "2"), ("a", "4"), ("b", "1")]
+    assert [p.name for p in tmp_path.glob("*.parquet")] == ["trials.parquet"]
+    assert store.append([row("a", "1")]) == 1  # a removed row can be stored again

@@ -127,11 +127,22 @@ class DatasetStore:
         with self._locked():
             self._compact_locked()
 
-    def _compact_locked(self) -> None:
+    def remove(self, keys: set[tuple[str, str]]) -> int:
+        """Delete the rows with these (context_id, strategy_hash) keys, e.g. to measure them again; returns how
+        many were deleted. Rewrites trials.parquet atomically, then drops the parts: a crash in between leaves
+        the rows stored (nothing else is lost), and the same call can be made again."""
+        with self._locked():
+            df = self.read()
+            gone = [k in keys for k in zip(df.context_id, df.strategy_hash)]
+            if any(gone):
+                self._compact_locked(df[[not g for g in gone]])
+            return sum(gone)
+
+    def _compact_locked(self, df: pd.DataFrame | None = None) -> None:
         files = self._files()
-        if not files or files == [self.root / MAIN]:
+        if df is None and (not files or files == [self.root / MAIN]):
             return
-        df = self.read()
+        df = self.read() if df is None else df
         self._write_atomic(pa.Table.from_pandas(df, schema=SCHEMA, preserve_index=False), MAIN)
         for p in files:
             if p.name != MAIN:

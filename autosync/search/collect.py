@@ -48,13 +48,15 @@ def collect(workloads: list[str], clusters: list[Cluster], store: DatasetStore, 
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("ETA"), TimeRemainingColumn(), disable=not progress, transient=False)
     with bar:
-        total = bar.add_task("collect", total=len(workloads) * len(clusters) * (per_context + 9))
+        guess = per_context + 9  # baselines per context; fewer when one equals another (known after profiling)
+        total = bar.add_task("collect", total=len(workloads) * len(clusters) * guess)
         for cluster in clusters:
             with emulate(cluster) as emu, emu.pool() as pool:
                 for workload in workloads:
                     bar.update(total, description=f"{workload} on {cluster}: profiling")
                     profile = _profile(pool, cluster, workload, batch_size, store)
                     cands = candidates_for(profile, per_context, seed)
+                    bar.update(total, total=bar.tasks[total].total + len(cands) - guess)
                     bar.update(total, description=f"{workload} on {cluster}")
 
                     def done(source, strategy, result):
