@@ -528,6 +528,42 @@ def _cmd_tune(args) -> int:
     return 0
 
 
+def _bench_dir():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent.parent / "bench"
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="run one of the benchmarks of a source checkout (bench/*.py)",
+        description="Run a benchmark script from the source checkout's bench/ folder; it prints its table and "
+                    "writes it to bench/results/. Arguments after the name go to the script (try NAME --help).",
+        epilog="example: autosync bench hook_overhead   |   autosync bench --list")
+    p.add_argument("name", nargs="?", metavar="NAME", help="benchmark name (a bench/NAME.py)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    p.add_argument("--list", action="store_true", help="list the benchmarks and what they measure")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args) -> int:
+    import ast
+    import subprocess
+
+    folder = _bench_dir()
+    if not folder.is_dir():
+        raise UserError("the benchmarks live in bench/ of a source checkout, which this installation does not have")
+    scripts = {p.stem: p for p in sorted(folder.glob("*.py"))}
+    if args.list or not args.name:
+        for name, path in scripts.items():
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            print(f"{name:<22} {doc.splitlines()[0] if doc else ''}")
+        return 0
+    if args.name not in scripts:
+        raise UserError(f"unknown benchmark {args.name!r}; choose from {', '.join(scripts)}")
+    return subprocess.call([sys.executable, str(scripts[args.name]), *args.args])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autosync", description="Learn how to synchronize gradients in data-parallel PyTorch "
                                                    "training: profile, propose, predict, measure, recommend.")
@@ -541,6 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_evaluate(sub)
     _add_tune(sub)
+    _add_bench(sub)
     return parser
 
 

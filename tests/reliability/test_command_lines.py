@@ -61,6 +61,8 @@ CASES = [
     (["cluster", "check", "2x1@1gbit,loss=200%"], "loss must be below 100%"),
     (["cluster", "check", "1x2@1gbit"], "has one host: there is no host link to measure"),
     (["cluster", "sweep", "--everything"], "unrecognized arguments: --everything"),
+    # bench
+    (["bench", "nope"], "unknown benchmark 'nope'"),
 ]
 
 
@@ -76,4 +78,5 @@ def test_bad_command_line(argv, message, tmp_path):
 
 def test_there_are_at_least_forty_cases_over_every_subcommand():
     assert len(CASES) >= 40
-    assert {c[0][0] for c in CASES if c[0]} >= {"run", "profile", "collect", "train", "evaluate", "tune", "cluster"}
+    assert {c[0][0] for c in CASES if c[0]} >= {"run", "profile", "collect", "train", "evaluate", "tune", "cluster",
+                                                 "bench"}
