@@ -97,7 +97,9 @@ HANG = "tests/fixtures/faulty.py:hang_on_rank1"
 def _start_run(*extra):
     return subprocess.Popen([sys.executable, "-m", "autosync.cli", "run", "--workload", HANG, "--cluster",
                              "2x1@1gbit", "--steps", "5", "--timeout", "120", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # Ctrl-C reaches it even
+    # when the tests run as a background job, whose children a non-interactive shell starts with SIGINT ignored
 
 
 def _descendants(pid):

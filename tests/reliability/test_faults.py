@@ -14,6 +14,7 @@ from autosync.cluster import parse_cluster
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import EmulatedCluster, can_emulate, list_namespaces
 from autosync.profiler.profile import nominal_profile
+from conftest import processes_under
 
 pytestmark = pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
 FAULTS = str(Path(__file__).resolve().parents[1] / "fixtures" / "faulty.py")
@@ -67,7 +68,8 @@ def test_a_host_link_taken_down_mid_trial_ends_it_within_its_time_limit(tmp_path
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         host1 = _wait(lambda: next((n for n in set(list_namespaces()) - before if n.endswith("-h1")), None))
-        time.sleep(12)  # ranks start, the trial runs
+        _wait(lambda: len(processes_under(tmp_path)) >= 3)  # the CLI and its two ranks
+        time.sleep(5)  # the ranks import torch and start training
         t0 = time.monotonic()
         subprocess.run(["ip", "-n", host1, "link", "set", "veth0", "down"], check=True)
         out, err = proc.communicate(timeout=60)
@@ -87,10 +89,10 @@ def _udp_delivered(emu, count=20000):
         ["ip", "netns", "exec", emu.hosts[1], sys.executable, "-c",
          "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
          "s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20);"
-         f"s.bind(('{emu.host_ip(1)}', 9999)); s.settimeout(2); n = 0\n"
+         f"s.bind(('{emu.host_ip(1)}', 9999)); s.settimeout(2); n = 0; print('ready', flush=True)\n"
          "try:\n    while True: n += s.recv(64) == b'x'\nexcept socket.timeout: print(n)"],
         stdout=subprocess.PIPE, text=True)
-    time.sleep(1)
+    assert receiver.stdout.readline().strip() == "ready"
     subprocess.run(["ip", "netns", "exec", emu.hosts[0], sys.executable, "-c",
                     "import socket, time; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
                     "for i in range(10):\n"  # warm-up: the neighbour (ARP) is resolved despite the loss
@@ -98,7 +100,7 @@ def _udp_delivered(emu, count=20000):
                     f"for i in range({count}):\n"
                     f"    s.sendto(b'x', ('{emu.host_ip(1)}', 9999))\n"
                     "    if i % 100 == 0: time.sleep(0.002)"], check=True)
-    return int(receiver.communicate(timeout=30)[0]) / count
+    return int(receiver.communicate(timeout=30)[0].split()[-1]) / count
 
 
 def test_five_percent_loss_drops_five_percent_and_a_lossy_trial_ends_within_its_limit(tmp_path, nothing_left):
@@ -109,7 +111,7 @@ def test_five_percent_loss_drops_five_percent_and_a_lossy_trial_ends_within_its_
     limit = 40
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "autosync.cli", "run", "--workload", "mlp", "--cluster",
-                          "2x1@100mbit,loss=5%", "--steps", "3", "--warmup", "1", "--timeout", str(limit), "--json"],
+                          "2x1@1gbit,loss=5%", "--steps", "3", "--warmup", "1", "--timeout", str(limit), "--json"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=limit + 60)
     result = json.loads(out.stdout)
     assert time.monotonic() - t0 < limit + 30
