@@ -116,10 +116,18 @@ def _descendants(pid):
     return found
 
 
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except FileNotFoundError:  # a short-lived child (ip, tc) that ended after ps listed it
+        return b""
+
+
 def _wait_for_ranks(proc, n=2, limit=60):
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        ranks = [p for p in _descendants(proc.pid) if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+        ranks = [p for p in _descendants(proc.pid) if b"spawn_main" in _cmdline(p)]
         if len(ranks) >= n and ours():
             time.sleep(3)  # let the trial get going: rank 1 hangs at its third step
             return ranks
