@@ -61,11 +61,11 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
              profile_path: str | Path | None = None) -> tuple[TuneResult, Profile]:
     """Tune ``workload`` on ``cluster``; ``profile_path`` (from `autosync profile`) replaces profiling."""
     model = load_model(model_path)
-    store = DatasetStore(data)
-    base = training.build(DatasetStore(SHIPPED_DATA, create=False)) if (SHIPPED_DATA / "profiles").is_dir() else None
     batch = batch_size or workloads.default_batch_size(workload)
     context_id = f"{workload}|b{batch}|{cluster.spec()}"
     given = _given_profile(profile_path, context_id) if profile_path else None
+    store = DatasetStore(data)
+    base = training.build(DatasetStore(SHIPPED_DATA, create=False)) if (SHIPPED_DATA / "profiles").is_dir() else None
     if measure == 0:
         if status and given is None:
             status("profiling the model (nominal network)")

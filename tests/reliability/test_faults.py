@@ -64,12 +64,12 @@ def test_a_killed_a_hung_and_an_aborted_rank_are_recorded_and_the_run_goes_on(co
 def test_a_host_link_taken_down_mid_trial_ends_it_within_its_time_limit(tmp_path, nothing_left):
     before = set(list_namespaces())
     proc = subprocess.Popen([sys.executable, "-m", "autosync.cli", "run", "--workload", "mlp", "--cluster",
-                             "2x1@100mbit", "--steps", "50", "--timeout", "25", "--json"],
+                             "2x1@100mbit", "--steps", "50", "--timeout", "20", "--json"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         host1 = _wait(lambda: next((n for n in set(list_namespaces()) - before if n.endswith("-h1")), None))
         _wait(lambda: len(processes_under(tmp_path)) >= 3)  # the CLI and its two ranks
-        time.sleep(5)  # the ranks import torch and start training
+        time.sleep(3)  # the ranks import torch and start training
         t0 = time.monotonic()
         subprocess.run(["ip", "-n", host1, "link", "set", "veth0", "down"], check=True)
         out, err = proc.communicate(timeout=60)
@@ -78,7 +78,7 @@ def test_a_host_link_taken_down_mid_trial_ends_it_within_its_time_limit(tmp_path
         proc.kill()
     result = json.loads(out)
     assert proc.returncode == 1 and result["status"] in ("timeout", "failed"), (out, err)
-    assert result["reason"] and waited < 25 + 15
+    assert result["reason"] and waited < 20 + 15
     nothing_left()
 
 
