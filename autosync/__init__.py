@@ -11,7 +11,6 @@ from autosync.errors import UserError
 from autosync.strategy import Strategy, StrategyError, load_strategy, loads_strategy, save_strategy
 
 
-
 def __getattr__(name):
     """``apply`` and ``release`` import torch: loaded on first use, so the CLI answers --help at once."""
     if name in ("apply", "release"):

@@ -7,8 +7,9 @@ Topology for a Cluster of N hosts::
 Host i has address 198.18.0.(i+1)/24 (RFC 2544 benchmark range) on its ``veth0``. Each
 host link is shaped in both directions (host egress on ``veth0``, switch egress on
 ``p<i>``) by netem (delay = half the host-to-host latency, jitter, loss) with a tbf child
-(rate); on kernels without netem, by tbf alone, with loss as a random-drop BPF filter. Ranks of a host run inside its namespace with gloo bound to ``veth0``; ranks of
-one host reach each other through the kernel's local route, unshaped, like shared memory
+(rate); on kernels without netem, by tbf alone, with loss as a random-drop BPF filter.
+Ranks of a host run inside its namespace with gloo bound to ``veth0``; ranks of one host
+reach each other through the kernel's local route, unshaped, like shared memory
 on a real host. The rendezvous store lives on host 0.
 
 Every namespace is named ``autosync-<pid>-<token>-...``: the veths live and die with
