@@ -1,26 +1,22 @@
-"""The Python face of tuning: ``autosync.tune(...)`` and what the CLI's tune calls."""
+"""The Python face of autosync: ``tune``, ``profile``, ``run``, ``collect``. The CLI is a thin layer over it.
+
+Every function takes keyword arguments, checks what the user handed over (workload,
+strategy, output paths) before any long work, and raises :class:`UserError` (one line)
+for anything the user can fix.
+"""
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 from typing import Callable
 
-from torch import nn
-
 from autosync import workloads
 from autosync.cluster import Cluster, parse_cluster
+from autosync.context import Context
 from autosync.datasets.store import DatasetStore
 from autosync.errors import UserError
-from autosync.executor.emulate import EmulationError, emulate
-from autosync.executor.launch import TrialFailure
-from autosync.models import training
-from autosync.models.ranker import CostModel
-from autosync.models.train import PRETRAINED
-from autosync.profiler import Profile
-from autosync.profiler.profile import ProfileError, load_profile, nominal_profile, run_profile
-from autosync.search.trials import TrialSettings
-from autosync.search.tuner import TuneResult, tune as _tune_loop
-from autosync.strategy import Strategy
+from autosync.outputs import check_output
+from autosync.strategy import Strategy, load_strategy
 
 log = logging.getLogger(__name__)
 DEFAULT_STORAGE = "sqlite:///autosync-tune.db"
@@ -29,6 +25,8 @@ SHIPPED_DATA = Path(__file__).parent / "datasets" / "data"
 
 def resolve_workload(workload_or_model, make_batch: Callable | None = None, batch_size: int | None = None):
     """A workload name, or an nn.Module with its make_batch, checked by one forward call."""
+    from torch import nn
+
     if isinstance(workload_or_model, nn.Module):
         if make_batch is None:
             raise UserError("a model object needs its make_batch(batch_size, generator)")
@@ -50,20 +48,58 @@ def resolve_workload(workload_or_model, make_batch: Callable | None = None, batc
     return w
 
 
-def load_model(path: str | Path | None = None, kind: str = "regressor") -> CostModel:
+def _cluster(cluster: str | Cluster) -> Cluster:
+    return parse_cluster(cluster) if isinstance(cluster, str) else cluster
+
+
+def emulated(cluster: str | Cluster, unshaped: bool = False):
+    """Context manager: the cluster brought up on this machine (``.pool()`` gives its ranks), or, asked
+    for, unshaped loopback; emulation errors (no root, no netem for a latency) become one-line user errors."""
+    from autosync.executor.emulate import EmulationError, emulate
+
+    cluster = _cluster(cluster)
+
+    class _Guard:
+        def __enter__(self):
+            try:
+                self.inner = emulate(cluster, unshaped=unshaped)
+                return self.inner.__enter__()
+            except EmulationError as e:
+                raise UserError(f"cannot emulate {cluster}: {e}") from None
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+    return _Guard()
+
+
+def load_model(path: str | Path | None = None, kind: str = "regressor"):
+    from autosync.models.ranker import CostModel
+    from autosync.models.train import PRETRAINED
+
     return CostModel.load(Path(path) if path else PRETRAINED / kind)
 
 
 def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = False,
              storage: str = DEFAULT_STORAGE, data: str | Path = "autosync-data", batch_size: int | None = None,
              model_path: str | Path | None = None, seed: int = 0, candidates: int = 500,
-             settings: TrialSettings = TrialSettings(), on_measured=None, status=None,
-             profile_path: str | Path | None = None) -> tuple[TuneResult, Profile]:
-    """Tune ``workload`` on ``cluster``; ``profile_path`` (from `autosync profile`) replaces profiling."""
+             settings=None, on_measured=None, status=None, profile_path: str | Path | None = None,
+             unshaped: bool = False):
+    """Tune ``workload`` on ``cluster``; ``profile_path`` (from `autosync profile`) replaces profiling.
+
+    Returns ``(TuneResult, Profile)``.
+    """
+    from autosync.executor.launch import TrialFailure
+    from autosync.models import training
+    from autosync.profiler.profile import nominal_profile
+    from autosync.search.collect import context_profile
+    from autosync.search.trials import TrialSettings
+    from autosync.search.tuner import tune as _tune_loop
+
+    settings = settings or TrialSettings()
     model = load_model(model_path)
     batch = batch_size or workloads.default_batch_size(workload)
-    context_id = f"{workload}|b{batch}|{cluster.spec()}"
-    given = _given_profile(profile_path, context_id) if profile_path else None
+    given = _given_profile(profile_path, Context.of(workload, batch, cluster)) if profile_path else None
     store = DatasetStore(data)
     base = training.build(DatasetStore(SHIPPED_DATA, create=False)) if (SHIPPED_DATA / "profiles").is_dir() else None
     if measure == 0:
@@ -73,62 +109,148 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
         return _tune_loop(profile, model, 0, store, storage, None, base, lossless, seed, candidates,
                           settings=settings), profile
     try:
-        with emulate(cluster) as emu, emu.pool() as pool:
-            stored = store.load_profile_dict(context_id)
-            if given is not None:
-                profile = given
-            elif stored is not None:
-                profile = Profile.from_dict(stored, str(store.profile_path(context_id)))
-            else:
-                if status:
-                    status(f"profiling {workload} on {cluster}")
-                profile = run_profile(pool, cluster, workload, batch)
-                store.save_profile(profile.context_id, profile.to_dict())
+        with emulated(cluster, unshaped) as emu, emu.pool() as pool:
+            profile = given if given is not None else context_profile(store, pool, cluster, workload, batch, status)
             if status:
                 status(f"tuning: {measure} measured trials")
             result = _tune_loop(profile, model, measure, store, storage, pool, base, lossless, seed, candidates,
                                 settings=settings, on_measured=on_measured, workload=workload)
-    except EmulationError as e:
-        raise UserError(f"cannot emulate {cluster}: {e}") from None
     except TrialFailure as f:
         raise UserError(f"profiling failed ({f.status}): {f.reason}") from None
     return result, profile
 
 
-def _given_profile(path: str | Path, context_id: str) -> Profile:
+def _given_profile(path: str | Path, want: Context):
     """A profile file the user gave: readable, of this version, and of this (workload, batch, cluster)."""
+    from autosync.profiler.profile import ProfileError, load_profile
+
     profile = load_profile(path)
-    if profile.context_id != context_id:
-        raise ProfileError(f"{path}: profile is of {profile.context_id!r}, not of {context_id!r}; "
+    have = profile.context
+    if (have.workload, have.batch_size, have.cluster) != (want.workload, want.batch_size, want.cluster):
+        raise ProfileError(f"{path}: profile is of {have.id!r}, not of {want.id!r}; "
                            f"profile this workload and cluster again")
     return profile
 
 
 def profile(workload_or_model, cluster: str | Cluster = "2x1@1gbit", make_batch: Callable | None = None,
-            batch_size: int | None = None, nominal: bool = False) -> Profile:
-    """Profile a workload and a cluster: measured on the emulated cluster, or ``nominal`` from the spec."""
-    cluster = parse_cluster(cluster) if isinstance(cluster, str) else cluster
+            batch_size: int | None = None, nominal: bool = False, unshaped: bool = False,
+            out: str | Path | None = None, timeout: float = 900.0):
+    """Profile a workload and a cluster: measured on the emulated cluster (or, asked for, unshaped
+    loopback), or ``nominal`` from the spec; ``out`` also saves it as JSON (checked first)."""
+    from autosync.executor.launch import TrialFailure
+    from autosync.profiler.profile import nominal_profile, run_profile
+
+    cluster = _cluster(cluster)
+    if out is not None:
+        check_output(out, "profile")
     w = resolve_workload(workload_or_model, make_batch, batch_size)
     batch = batch_size or workloads.default_batch_size(w)
-    if nominal:
-        return nominal_profile(cluster, w, batch)
-    with emulate(cluster) as emu, emu.pool() as pool:
-        return run_profile(pool, cluster, w, batch)
+    try:
+        if nominal:
+            result = nominal_profile(cluster, w, batch)
+        else:
+            with emulated(cluster, unshaped) as emu, emu.pool() as pool:
+                result = run_profile(pool, cluster, w, batch, timeout=timeout)
+    except TrialFailure as f:
+        raise UserError(f"profiling failed ({f.status}): {f.reason}") from None
+    if out is not None:
+        _write(out, lambda p: result.save(p))
+    return result
+
+
+def _write(path, write) -> None:
+    try:
+        write(path)
+    except OSError as e:
+        raise UserError(f"{path}: cannot write ({e.strerror})") from None
+
+
+def check_strategy(strategy: Strategy, workload, world: int, source: str = "strategy") -> None:
+    """Raise UserError unless ``strategy`` fits the workload's parameters and a world of ``world`` ranks."""
+    model, _ = workloads.build(workload)
+    strategy.check_world(world)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    try:
+        strategy.resolve(named, workloads.embedding_parameter_names(model))
+    except UserError as e:
+        raise UserError(f"{source}: {e}") from None
+
+
+def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | Cluster | None = None,
+        nproc: int | None = None, ranks_per_host: int | None = None, batch_size: int | None = None,
+        steps: int = 10, warmup: int = 3, seed: int = 0, timeout: float = 300.0, unshaped: bool = False):
+    """Measure one strategy (default: the DDP default) for ``steps`` timed steps.
+
+    On an emulated ``cluster`` (world size from its spec), or on ``nproc`` local ranks
+    (default 2, unshaped loopback). Returns ``(TrialResult, where)``; ``where`` names the
+    context of the measurement for tables.
+    """
+    from autosync.executor.launch import RankPool
+    from autosync.executor.measure import TrialSpec, measure
+
+    source = str(strategy) if strategy is not None and not isinstance(strategy, Strategy) else "strategy"
+    if strategy is None:
+        strategy, source = Strategy.default(), "default strategy"
+    elif not isinstance(strategy, Strategy):
+        strategy = load_strategy(strategy)
+    w = resolve_workload(workload, batch_size=batch_size)
+    batch = batch_size or workloads.default_batch_size(w)
+    cluster = _cluster(cluster) if cluster is not None else None
+    if cluster is not None and nproc is not None and nproc != cluster.world_size:
+        raise UserError(f"--nproc {nproc} disagrees with --cluster {cluster} ({cluster.world_size} ranks); "
+                        f"give one of them")
+    if cluster is not None and ranks_per_host is not None:
+        raise UserError("--ranks-per-host comes from --cluster; give one of them")
+    world = cluster.world_size if cluster is not None else (nproc or 2)
+    if ranks_per_host and world % ranks_per_host:
+        raise UserError(f"--ranks-per-host {ranks_per_host} does not divide --nproc {world}")
+    check_strategy(strategy, w, world, source)
+    spec = TrialSpec(w, strategy.canonical(), batch, warmup, steps, seed)
+    if cluster is not None:
+        with emulated(cluster, unshaped) as emu, emu.pool() as pool:
+            result, _ = measure(pool, spec, timeout=timeout)
+        where = Context.of(w, batch, cluster, pool.network).label
+    else:
+        with RankPool(world, ranks_per_host=ranks_per_host) as pool:
+            result, _ = measure(pool, spec, timeout=timeout)
+        where = f"{world} local ranks (unshaped loopback)"
+    return result, where
+
+
+def collect(workload_names: list[str], clusters: list[str | Cluster], data: str | Path = "autosync-data",
+            per_context: int = 20, timeout: float = 90.0, budget: float = 4.0, batch_size: int | None = None,
+            seed: int = 0, unshaped: bool = False, progress: bool = True) -> dict[str, int]:
+    """Measure every baseline and ``per_context`` random strategies per (workload, cluster) into ``data``."""
+    from autosync.search.collect import collect as _collect
+    from autosync.search.trials import TrialSettings
+
+    for name in workload_names:
+        resolve_workload(name, batch_size=batch_size)
+    check_output(data, "dataset", directory=True)
+    store = DatasetStore(data)
+    store.read()  # a damaged dataset is reported before anything is measured
+    settings = TrialSettings(timeout_s=timeout, time_budget_s=budget, seed=seed)
+    return _collect(workload_names, [_cluster(c) for c in clusters], store, per_context, settings, batch_size, seed,
+                    progress, unshaped=unshaped)
 
 
 def tune(workload_or_model, make_batch: Callable | None = None, cluster: str | Cluster = "2x1@1gbit",
          measure: int = 8, lossless: bool = False, storage: str = DEFAULT_STORAGE, batch_size: int | None = None,
-         data: str | Path = "autosync-data", seed: int = 0, out: str | Path | None = None) -> Strategy:
+         data: str | Path = "autosync-data", seed: int = 0, out: str | Path | None = None,
+         unshaped: bool = False) -> Strategy:
     """Find a synchronization strategy for a workload (a name) or a model (with make_batch) on a cluster.
 
     Measures ``measure`` strategies for real on the emulated ``cluster`` (0 = predict only)
-    and returns the recommendation; ``out`` also writes it as a strategy file.
+    and returns the recommendation; ``out`` also writes it as a strategy file (its folder is
+    checked first). Without the rights to emulate it refuses, unless ``unshaped=True``.
     """
     from autosync.search.tuner import strategy_file_text
 
-    cluster = parse_cluster(cluster) if isinstance(cluster, str) else cluster
-    w = resolve_workload(workload_or_model, make_batch, batch_size)
-    result, profile = run_tune(w, cluster, measure, lossless, storage, data, batch_size, seed=seed)
+    cluster = _cluster(cluster)
     if out:
-        Path(out).write_text(strategy_file_text(result, profile))
+        check_output(out, "strategy file")
+    w = resolve_workload(workload_or_model, make_batch, batch_size)
+    result, prof = run_tune(w, cluster, measure, lossless, storage, data, batch_size, seed=seed, unshaped=unshaped)
+    if out:
+        _write(out, lambda p: Path(p).write_text(strategy_file_text(result, prof)))
     return result.strategy

@@ -81,34 +81,24 @@ def _add_run(sub) -> None:
     p.add_argument("--timeout", type=_positive_float, default=300.0,
                    help="time limit of the trial in seconds; all ranks are killed when it runs out (default 300)")
     p.add_argument("--json", action="store_true", help="print the TrialResult as JSON instead of a table")
+    p.add_argument("--unshaped", action="store_true",
+                   help="measure on this host's loopback without shaping the links (no root needed); the results "
+                        "are labelled unshaped and never mixed with shaped data")
     p.set_defaults(func=_cmd_run)
 
 
 def _validate_run(args) -> tuple[object, object]:
-    """Check everything the user handed over before any rank starts; returns (strategy, batch size)."""
+    """Under torchrun: check the strategy and workload before joining the job; returns (strategy, batch size)."""
+    import os
+
     from autosync import workloads
+    from autosync.api import check_strategy, resolve_workload
     from autosync.strategy import Strategy, load_strategy
 
     strategy = load_strategy(args.strategy) if args.strategy else Strategy.default()
-    model, make_batch = workloads.build(args.workload)
-    batch_size = args.batch_size or workloads.default_batch_size(args.workload)
-    workloads.check_batch(args.workload, model, make_batch, batch_size)
-    if args.cluster is not None and args.nproc is not None and args.nproc != args.cluster.world_size:
-        raise UserError(f"--nproc {args.nproc} disagrees with --cluster {args.cluster} "
-                        f"({args.cluster.world_size} ranks); give one of them")
-    if args.cluster is not None and args.ranks_per_host is not None:
-        raise UserError("--ranks-per-host comes from --cluster; give one of them")
-    world = args.cluster.world_size if args.cluster is not None else (args.nproc or 2)
-    strategy.check_world(world)
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    try:
-        strategy.resolve(named, workloads.embedding_parameter_names(model))
-    except UserError as e:
-        source = args.strategy or "default strategy"
-        raise UserError(f"{source}: {e}") from None
-    if args.ranks_per_host and world % args.ranks_per_host:
-        raise UserError(f"--ranks-per-host {args.ranks_per_host} does not divide --nproc {world}")
-    return strategy, batch_size
+    resolve_workload(args.workload, batch_size=args.batch_size)
+    check_strategy(strategy, args.workload, int(os.environ["WORLD_SIZE"]), args.strategy or "default strategy")
+    return strategy, args.batch_size or workloads.default_batch_size(args.workload)
 
 
 def _print_result(result, as_json: bool, title: str) -> None:
@@ -118,9 +108,9 @@ def _print_result(result, as_json: bool, title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("status", "samples/s", "median step", "CV", "peak mem", "ranks", "batch/rank"):
+    for col in ("status", "samples/s", f"step ({result.step_stat})", "CV", "peak mem", "ranks", "batch/rank"):
         table.add_column(col, justify="right")
-    table.add_row(result.status, f"{result.samples_per_s:,.1f}", f"{result.median_step_s * 1e3:.1f} ms",
+    table.add_row(result.status, f"{result.samples_per_s:,.1f}", f"{result.step_s * 1e3:.1f} ms",
                   f"{result.cv:.1%}", f"{result.peak_mem_mb:,.0f} MB", str(result.world_size), str(result.batch_size))
     console = _console()
     console.print(table)
@@ -129,42 +119,16 @@ def _print_result(result, as_json: bool, title: str) -> None:
 
 
 def _cmd_run(args) -> int:
-    from autosync.executor.launch import RankPool, in_torchrun
-    from autosync.executor.measure import TrialSpec, measure
+    from autosync import api
+    from autosync.executor.launch import in_torchrun
 
     if in_torchrun():
         return _run_under_torchrun(args)
-    strategy, batch_size = _validate_run(args)
-    spec = TrialSpec(args.workload, strategy.canonical(), batch_size, args.warmup, args.steps, args.seed)
-    if args.cluster is not None:
-        with _emulation(args.cluster) as cluster, cluster.pool() as pool:
-            result, _ = measure(pool, spec, timeout=args.timeout)
-        where = f"cluster {args.cluster}"
-    else:
-        nproc = args.nproc or 2
-        with RankPool(nproc, ranks_per_host=args.ranks_per_host) as pool:
-            result, _ = measure(pool, spec, timeout=args.timeout)
-        where = f"{nproc} local ranks"
-    _print_result(result, args.json, f"{args.workload} on {where}, strategy {strategy.hash}")
+    result, where = api.run(args.workload, strategy=args.strategy, cluster=args.cluster, nproc=args.nproc,
+                            ranks_per_host=args.ranks_per_host, batch_size=args.batch_size, steps=args.steps,
+                            warmup=args.warmup, seed=args.seed, timeout=args.timeout, unshaped=args.unshaped)
+    _print_result(result, args.json, f"{args.workload} on {where}, strategy {result.strategy_hash}")
     return 0 if result.ok else 1
-
-
-def _emulation(cluster):
-    """The emulated cluster (or loopback without root); emulation errors become one-line user errors."""
-    from autosync.executor.emulate import EmulationError, emulate
-
-    class _Guard:
-        def __enter__(self):
-            self.inner = emulate(cluster)
-            try:
-                return self.inner.__enter__()
-            except EmulationError as e:
-                raise UserError(f"cannot emulate {cluster}: {e}") from None
-
-        def __exit__(self, *exc):
-            return self.inner.__exit__(*exc)
-
-    return _Guard()
 
 
 def _add_cluster(sub) -> None:
@@ -193,6 +157,7 @@ def _cmd_cluster_check(args) -> int:
 
     from rich.table import Table
 
+    from autosync.api import emulated
     from autosync.executor.emulate import can_emulate
     from autosync.executor.linkcheck import check_links
 
@@ -201,7 +166,7 @@ def _cmd_cluster_check(args) -> int:
         raise UserError(f"cannot emulate {args.spec}: {why}")
     if args.spec.nodes < 2:
         raise UserError(f"{args.spec} has one host: there is no host link to measure")
-    with _emulation(args.spec) as cluster, cluster.pool(threads_per_rank=1) as pool:
+    with emulated(args.spec) as cluster, cluster.pool(threads_per_rank=1) as pool:
         rows = check_links(pool, args.spec, seconds=args.seconds)
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rows]))
@@ -265,6 +230,9 @@ def _add_profile(sub) -> None:
                    help="do not measure the network: take the spec's bandwidth and latency (a cluster you lack)")
     p.add_argument("--out", default="profile.json", metavar="FILE", help="where to write the profile (default profile.json)")
     p.add_argument("--timeout", type=_positive_float, default=900.0, help="time limit in seconds (default 900)")
+    p.add_argument("--unshaped", action="store_true",
+                   help="measure on this host's loopback without shaping the links (no root needed); the results "
+                        "are labelled unshaped and never mixed with shaped data")
     p.set_defaults(func=_cmd_profile)
 
 
@@ -272,28 +240,13 @@ def _cmd_profile(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from autosync import workloads
-    from autosync.executor.launch import TrialFailure
-    from autosync.profiler.profile import nominal_profile, run_profile
+    from autosync import api
 
-    model, make_batch = workloads.build(args.workload)
-    batch_size = args.batch_size or workloads.default_batch_size(args.workload)
-    workloads.check_batch(args.workload, model, make_batch, batch_size)
-    del model
-    console = Console(stderr=True)
-    try:
-        if args.nominal:
-            with console.status("profiling the model"):
-                profile = nominal_profile(args.cluster, args.workload, batch_size)
-        else:
-            with _emulation(args.cluster) as cluster, cluster.pool() as pool, \
-                    console.status(f"profiling {args.workload} and {args.cluster}"):
-                profile = run_profile(pool, args.cluster, args.workload, batch_size, timeout=args.timeout)
-    except TrialFailure as f:
-        raise UserError(f"profiling failed ({f.status}): {f.reason}") from None
-    profile.save(args.out)
+    with Console(stderr=True).status(f"profiling {args.workload} and {args.cluster}"):
+        profile = api.profile(args.workload, args.cluster, batch_size=args.batch_size, nominal=args.nominal,
+                              unshaped=args.unshaped, out=args.out, timeout=args.timeout)
     m = profile.model
-    table = Table(title=f"profile of {args.workload} on {args.cluster} -> {args.out}")
+    table = Table(title=f"profile of {args.workload} on {profile.context.label} -> {args.out}")
     table.add_column("what")
     table.add_column("value", justify="right")
     for what, value in [("parameters", f"{sum(p.numel for p in m.params) / 1e6:.2f} M in {len(m.params)} tensors"),
@@ -328,22 +281,18 @@ def _add_collect(sub) -> None:
     p.add_argument("--budget", type=_positive_float, default=4.0,
                    help="about how long the timed steps of one trial may take (default 4 s; at least 3 steps)")
     p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random draws (default 0)")
+    p.add_argument("--unshaped", action="store_true",
+                   help="measure on this host's loopback without shaping the links (no root needed); the results "
+                        "are labelled unshaped and never mixed with shaped data")
     p.set_defaults(func=_cmd_collect)
 
 
 def _cmd_collect(args) -> int:
-    from autosync import workloads
-    from autosync.datasets.store import DatasetStore
-    from autosync.search.collect import collect
-    from autosync.search.trials import TrialSettings
+    from autosync import api
 
-    for name in args.workloads:
-        model, make_batch = workloads.build(name)
-        workloads.check_batch(name, model, make_batch, args.batch_size or workloads.default_batch_size(name))
-    store = DatasetStore(args.data)
-    store.read()  # a damaged dataset is reported before anything is measured
-    settings = TrialSettings(timeout_s=args.timeout, time_budget_s=args.budget, seed=args.seed)
-    counts = collect(args.workloads, args.clusters, store, args.per_context, settings, args.batch_size, args.seed)
+    counts = api.collect(args.workloads, args.clusters, data=args.data, per_context=args.per_context,
+                         timeout=args.timeout, budget=args.budget, batch_size=args.batch_size, seed=args.seed,
+                         unshaped=args.unshaped)
     print(f"collect: {counts['ok']} ok, {counts['failed']} failed, {counts['timeout']} timed out, "
           f"{counts['skipped']} already stored -> {args.data}")
     return 0
@@ -379,7 +328,9 @@ def _add_train(sub) -> None:
 
 def _cmd_train(args) -> int:
     from autosync.models.train import train_and_save
+    from autosync.outputs import check_output
 
+    check_output(args.out, "model", directory=True)
     store = _data_store(args.data)
     card = train_and_save(store, args.out, args.kind, args.evaluate, args.seed)
     print(f"trained {card['kind']} on {card['rows']} trials of {card['contexts']} contexts -> {args.out}")
@@ -409,7 +360,11 @@ def _cmd_evaluate(args) -> int:
     from rich.table import Table
 
     from autosync.models import training, transfer
+    from autosync.outputs import check_output
 
+    check_output(args.plot, "plot")
+    if args.markdown:
+        check_output(args.markdown, "Markdown table")
     data = training.build(_data_store(args.data))
     splits = ("workload", "cluster") if args.split == "both" else (args.split,)
     with Console(stderr=True).status("training and scoring held-out groups"):
@@ -472,6 +427,9 @@ def _add_tune(sub) -> None:
                    help="a profile from `autosync profile` of this workload and cluster, used instead of profiling "
                         "(e.g. one measured on the real cluster, with --measure 0)")
     p.add_argument("--seed", type=_non_negative_int, default=0)
+    p.add_argument("--unshaped", action="store_true",
+                   help="measure on this host's loopback without shaping the links (no root needed); the results "
+                        "are labelled unshaped and never mixed with shaped data")
     p.set_defaults(func=_cmd_tune)
 
 
@@ -483,9 +441,13 @@ def _cmd_tune(args) -> int:
     from rich.table import Table
 
     from autosync.api import resolve_workload, run_tune
+    from autosync.outputs import check_output
     from autosync.search.trials import TrialSettings
     from autosync.search.tuner import plot_predicted_vs_measured, strategy_file_text
 
+    check_output(args.out, "strategy file")
+    plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
+    check_output(plot_path, "plot")
     workload = resolve_workload(args.workload or args.model, batch_size=args.batch_size)
     err = Console(stderr=True)
     with err.status("starting") as status:
@@ -496,11 +458,12 @@ def _cmd_tune(args) -> int:
         result, profile = run_tune(workload, args.cluster, args.measure, args.lossless, args.storage, args.data,
                                    args.batch_size, args.cost_model, args.seed, args.candidates,
                                    on_measured=on_measured, status=lambda text: status.update(text),
-                                   profile_path=args.profile, settings=TrialSettings(timeout_s=args.timeout))
+                                   profile_path=args.profile, settings=TrialSettings(timeout_s=args.timeout),
+                                   unshaped=args.unshaped)
     Path(args.out).write_text(strategy_file_text(result, profile))
     console = _console()
     if result.measured:
-        table = Table(title=f"measured on {args.cluster} ({workload}, batch {profile.model.batch_size}/rank)")
+        table = Table(title=f"measured on {profile.context.label} ({workload}, batch {profile.model.batch_size}/rank)")
         for col in ("source", "strategy", "lossless", "predicted speedup", "status", "samples/s", "vs default"):
             table.add_column(col, justify="right")
         for m in result.measured:
@@ -510,7 +473,6 @@ def _cmd_tune(args) -> int:
             table.add_row(m.source, m.strategy.hash, "yes" if m.strategy.is_lossless else "no", pred, m.status,
                           f"{m.samples_per_s:,.1f}" if m.status == "ok" else "-", vs)
         console.print(table)
-        plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
         plot_predicted_vs_measured(result, plot_path)
         console.print(f"plot -> {plot_path}")
     summary = f"recommended: {result.source} ({result.strategy.hash})"
@@ -593,6 +555,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except UserError as e:
         print(f"autosync: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file that could not be read or written, found late: still one line
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        print(f"autosync: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("autosync: interrupted", file=sys.stderr)

@@ -25,66 +25,27 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 import yaml
 
-from autosync.errors import UserError
+from autosync import plans as registry
+from autosync.validation import StrategyError
+from autosync.validation import boolean as _bool
+from autosync.validation import choice as _choice
+from autosync.validation import fail as _fail
+from autosync.validation import integer as _int
+from autosync.validation import mapping as _mapping
+from autosync.validation import number as _number
 
 SCHEMA_VERSION = 1
-PLANS = ("allreduce", "hierarchical_allreduce", "ps", "sharded_ps", "row_sparse")
-COMPRESSORS = ("none", "fp16", "bf16", "powersgd", "topk")
-SYNC_MODES = ("bsp", "local_sgd")
 SHARDING = ("none", "zero")
-LOSSY_COMPRESSORS = ("fp16", "bf16", "powersgd", "topk")
+GROUP_FIELDS = ("partitions", "placement")   # optional group fields; each plan says which it takes
 
 
-class StrategyError(UserError):
-    """A strategy that is malformed, or does not fit the model or the world it is used with."""
-
-
-def _fail(path: str, msg: str) -> None:
-    raise StrategyError(f"{path}: {msg}")
-
-
-def _choice(path: str, value: Any, allowed: Iterable[str]) -> str:
-    allowed = tuple(allowed)
-    if value not in allowed:
-        _fail(path, f"{value!r} is not one of {', '.join(allowed)}")
-    return value
-
-
-def _int(path: str, value: Any, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        _fail(path, f"expected an integer, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        _fail(path, f"{value} is out of range [{lo}, {hi if hi is not None else 'inf'}]")
-    return value
-
-
-def _number(path: str, value: Any, lo: float, hi: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(path, f"expected a number, got {value!r}")
-    if not lo < value <= hi:
-        _fail(path, f"{value} is out of range ({lo}, {hi}]")
-    return float(value)
-
-
-def _bool(path: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        _fail(path, f"expected true or false, got {value!r}")
-    return value
-
-
-def _mapping(path: str, value: Any, keys: Iterable[str]) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        _fail(path, f"expected a mapping, got {type(value).__name__}")
-    unknown = sorted(set(value) - set(keys))
-    if unknown:
-        _fail(f"{path}.{unknown[0]}", f"unknown field; allowed: {', '.join(keys)}")
-    return value
+def _who_takes(kind: str, field_name: str, table: dict) -> str:
+    names = [n for n, d in table.items() if field_name in d.fields]
+    return f"only {kind}{'s' if len(names) > 1 else ''} {' and '.join(names)}"
 
 
 @dataclass(frozen=True)
@@ -99,18 +60,17 @@ class Compressor:
     def parse(cls, raw: Any, path: str) -> "Compressor":
         if isinstance(raw, str):
             raw = {"name": raw}
-        raw = _mapping(path, raw, ("name", "rank", "ratio"))
-        name = _choice(f"{path}.name", raw.get("name", "none"), COMPRESSORS)
-        rank = ratio = None
-        if name == "powersgd":
-            rank = _int(f"{path}.rank", raw.get("rank", 4), 1, 1024)
-        elif "rank" in raw:
-            _fail(f"{path}.rank", "only the powersgd compressor takes a rank")
-        if name == "topk":
-            ratio = _number(f"{path}.ratio", raw.get("ratio", 0.01), 0.0, 1.0)
-        elif "ratio" in raw:
-            _fail(f"{path}.ratio", "only the topk compressor takes a ratio")
-        return cls(name, rank, ratio)
+        fields = list(dict.fromkeys(f for c in registry.COMPRESSORS.values() for f in c.fields))
+        raw = _mapping(path, raw, ("name", *fields))
+        name = _choice(f"{path}.name", raw.get("name", "none"), registry.COMPRESSORS)
+        kind = registry.compressor(name)
+        values: dict[str, Any] = {}
+        for f in fields:
+            if f in kind.fields:
+                values[f] = kind.parse_field(f, raw.get(f, kind.fields[f]), f"{path}.{f}")
+            elif f in raw:
+                _fail(f"{path}.{f}", f"{_who_takes('the', f, registry.COMPRESSORS)} compressor takes a {f}")
+        return cls(name, **values)
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"name": self.name}
@@ -122,7 +82,7 @@ class Compressor:
 
     @property
     def lossy(self) -> bool:
-        return self.name in LOSSY_COMPRESSORS
+        return registry.compressor(self.name).lossy
 
 
 @dataclass(frozen=True)
@@ -144,21 +104,23 @@ class Group:
                 or not all(isinstance(m, str) and m for m in match)):
             _fail(f"{path}.match", f"expected a glob or a non-empty list of globs, got {raw.get('match')!r}")
         match = tuple(match)
-        plan = _choice(f"{path}.plan", raw.get("plan", "allreduce"), PLANS)
+        plan = _choice(f"{path}.plan", raw.get("plan", "allreduce"), registry.PLANS)
+        kind = registry.plan(plan)
         comp = Compressor.parse(raw.get("compressor", "none"), f"{path}.compressor")
-        if comp.name in ("powersgd", "topk") and plan != "allreduce":
-            _fail(f"{path}.compressor.name", f"{comp.name} works only with plan allreduce, not {plan}")
+        if not registry.compressor(comp.name).works_with(plan):
+            allowed = registry.compressor(comp.name).plans or ()
+            _fail(f"{path}.compressor.name", f"{comp.name} works only with plan {' or '.join(allowed)}, not {plan}")
         partitions = _int(f"{path}.partitions", raw.get("partitions", 1), 1, 4096)
-        if partitions > 1 and plan != "sharded_ps":
-            _fail(f"{path}.partitions", "only plan sharded_ps takes partitions")
+        if partitions > 1 and "partitions" not in kind.fields:
+            _fail(f"{path}.partitions", f"{_who_takes('plan', 'partitions', registry.PLANS)} takes partitions")
         placement = raw.get("placement")
         if placement is not None:
-            if plan not in ("ps", "sharded_ps"):
-                _fail(f"{path}.placement", "only plans ps and sharded_ps take a placement")
+            if "placement" not in kind.fields:
+                _fail(f"{path}.placement", f"{_who_takes('plan', 'placement', registry.PLANS)} take a placement")
             if not isinstance(placement, (list, tuple)):
                 _fail(f"{path}.placement", f"expected a list of ranks, got {placement!r}")
             placement = tuple(_int(f"{path}.placement[{i}]", r, 0) for i, r in enumerate(placement))
-            want = partitions if plan == "sharded_ps" else 1
+            want = kind.owner_count(partitions)
             if len(placement) != want:
                 _fail(f"{path}.placement", f"expected {want} owner rank(s), got {len(placement)}")
         return cls(match, plan, comp, partitions, placement)
@@ -184,7 +146,7 @@ class Group:
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"match": self.match[0] if len(self.match) == 1 else list(self.match), "plan": self.plan, "compressor": self.compressor.to_dict()}
-        if self.plan == "sharded_ps":
+        if "partitions" in registry.plan(self.plan).fields:
             d["partitions"] = self.partitions
         if self.placement is not None:
             d["placement"] = list(self.placement)
@@ -193,7 +155,7 @@ class Group:
 
 @dataclass(frozen=True)
 class Sync:
-    """bsp (every step) or local_sgd (torch's post-local SGD: global averaging every ``period`` steps)."""
+    """When ranks synchronize: a mode of the registry (bsp, local_sgd, ...) and its fields."""
 
     mode: str = "bsp"
     period: int = 1
@@ -203,20 +165,22 @@ class Sync:
     def parse(cls, raw: Any, path: str = "sync") -> "Sync":
         if isinstance(raw, str):
             raw = {"mode": raw}
-        raw = _mapping(path, raw, ("mode", "period", "warmup_steps"))
-        mode = _choice(f"{path}.mode", raw.get("mode", "bsp"), SYNC_MODES)
-        if mode == "bsp":
-            for k in ("period", "warmup_steps"):
-                if k in raw:
-                    _fail(f"{path}.{k}", "only mode local_sgd takes it")
-            return cls()
-        return cls(mode, _int(f"{path}.period", raw.get("period", 4), 2, 10_000),
-                   _int(f"{path}.warmup_steps", raw.get("warmup_steps", 10), 0, 1_000_000))
+        fields = list(dict.fromkeys(f for m in registry.SYNC_MODES.values() for f in m.fields))
+        raw = _mapping(path, raw, ("mode", *fields))
+        mode = _choice(f"{path}.mode", raw.get("mode", "bsp"), registry.SYNC_MODES)
+        kind = registry.sync_mode(mode)
+        for k in fields:
+            if k in raw and k not in kind.fields:
+                _fail(f"{path}.{k}", f"{_who_takes('mode', k, registry.SYNC_MODES)} takes it")
+        return cls(mode, **kind.parse(raw, path))
+
+    @property
+    def kind(self):
+        """The registry entry of this mode."""
+        return registry.sync_mode(self.mode)
 
     def to_dict(self) -> dict:
-        if self.mode == "bsp":
-            return {"mode": "bsp"}
-        return {"mode": self.mode, "period": self.period, "warmup_steps": self.warmup_steps}
+        return {"mode": self.mode, **{k: getattr(self, k) for k in self.kind.fields}}
 
 
 @dataclass(frozen=True)
@@ -250,7 +214,12 @@ class Strategy:
 
     @classmethod
     def default(cls) -> "Strategy":
-        """PyTorch DDP's default: 25 MB buckets, one ring all-reduce, no compression."""
+        """DDP's defaults for bucketing and communication: 25 MB buckets, one ring all-reduce, no compression.
+
+        One difference from ``DistributedDataParallel()``'s own defaults: ``gradient_as_bucket_view``
+        is True here (DDP's default is False). Views save one copy of the gradients per step
+        and compute the same update; every measured "DDP default" in autosync's data uses them.
+        """
         return cls()
 
     @classmethod
@@ -268,8 +237,8 @@ class Strategy:
             _fail(f"groups[{catch_all[1]}].match", "only one group may be the catch-all '*'")
         sharding = _choice("optimizer_sharding", raw.get("optimizer_sharding", "none"), SHARDING)
         sync = Sync.parse(raw.get("sync", "bsp"))
-        if sharding == "zero" and sync.mode == "local_sgd":
-            _fail("optimizer_sharding", "zero cannot be combined with sync mode local_sgd")
+        if sharding == "zero" and not sync.kind.allows_zero:
+            _fail("optimizer_sharding", f"zero cannot be combined with sync mode {sync.mode}")
         return cls(groups, sync, Fusion.parse(raw.get("fusion")), sharding)
 
     # --- forms ---------------------------------------------------------------------------
@@ -292,7 +261,7 @@ class Strategy:
     @property
     def is_lossless(self) -> bool:
         """True when the strategy computes the same update as plain DDP (up to rounding)."""
-        return self.sync.mode == "bsp" and not any(g.compressor.lossy for g in self.groups)
+        return not self.sync.kind.lossy and not any(g.compressor.lossy for g in self.groups)
 
     def check_world(self, world_size: int) -> None:
         """Raise StrategyError if an owner rank does not exist in a world of ``world_size``."""
@@ -300,6 +269,36 @@ class Strategy:
             for j, r in enumerate(g.placement or ()):
                 if r >= world_size:
                     _fail(f"groups[{i}].placement[{j}]", f"rank {r} does not exist in a world of {world_size} ranks")
+
+    def owners(self, group_bytes: list[int], world: int) -> list[tuple[int, ...]]:
+        """Owner ranks of every group whose plan has owners (``()`` for the others).
+
+        A group's explicit ``placement`` wins; a plan may fix its owners itself (sharded_ps with
+        one shard per rank takes the ranks in order, so it can run as reduce-scatter +
+        all-gather); the rest are balanced by bytes, greedily: items (one per owner of a group,
+        each ``group_bytes / owners``) go, largest first, to the least-loaded rank so far.
+        """
+        load = [0] * world
+        owners: list[tuple[int, ...]] = [()] * len(self.groups)
+        items = []
+        for gi, g in enumerate(self.groups):
+            kind = registry.plan(g.plan)
+            n = kind.owner_count(g.partitions)
+            if n == 0:
+                continue
+            fixed = g.placement if g.placement is not None else kind.fixed_owners(g.partitions, world)
+            if fixed is not None:
+                owners[gi] = tuple(fixed)
+                for r in fixed:
+                    load[r] += group_bytes[gi] // len(fixed)
+            else:
+                owners[gi] = (0,) * n
+                items += [(group_bytes[gi] // n, gi, s) for s in range(n)]
+        for nbytes, gi, shard in sorted(items, key=lambda t: (-t[0], t[1], t[2])):
+            r = min(range(world), key=lambda k: (load[k], k))
+            load[r] += nbytes
+            owners[gi] = owners[gi][:shard] + (r,) + owners[gi][shard + 1:]
+        return owners
 
     def resolve(self, named_params: Iterable[tuple[str, Any]], embedding_names: set[str] | None = None) -> list[int]:
         """Map each trainable parameter, in order, to the index of the one group that covers it.
@@ -331,8 +330,9 @@ class Strategy:
                 _fail(f"groups[{i}].match", f"{self.groups[i].to_dict()['match']!r} matches no parameter of this model")
         if embedding_names is not None:
             for name, gi in zip(names, owner):
-                if self.groups[gi].plan == "row_sparse" and name not in embedding_names:
-                    _fail(f"groups[{gi}].plan", f"row_sparse needs embedding tables, but {name} is not one")
+                plan = self.groups[gi].plan
+                if registry.plan(plan).embeddings_only and name not in embedding_names:
+                    _fail(f"groups[{gi}].plan", f"{plan} needs embedding tables, but {name} is not one")
         return owner
 
 

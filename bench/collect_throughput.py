@@ -18,6 +18,7 @@ from autosync.executor.emulate import emulate
 from autosync.profiler import NetworkProfile, Profile, profile_model
 from autosync.search.baselines import baselines
 from autosync.search.trials import TrialSettings, measure_strategy
+from _results import RESULTS, write as write_result
 
 
 def main() -> None:
@@ -52,8 +53,8 @@ def main() -> None:
              "alternating", "", "| ranks | trials | seconds | trials/hour |", "|---|---:|---:|---:|"]
     lines += [f"| {k} | {trials[k]} | {elapsed[k]:.1f} | {per_hour[k]:,.0f} |" for k in trials]
     lines += ["", f"kept-alive / fresh: **{ratio:.2f}x** (target >= 3x).", "",
-              "Command: `python bench/collect_throughput.py`."]
-    Path(__file__).parent.joinpath("results", "collect_throughput.md").write_text("\n".join(lines) + "\n")
+              ""]
+    write_result(RESULTS / "collect_throughput.md", lines)
     print("\n".join(lines))
 
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from autosync.datasets.store import DatasetStore
+from _results import RESULTS, write as write_result
 
 
 def main() -> None:
@@ -38,8 +39,8 @@ def main() -> None:
     sp = ok.samples_per_s / ok.context_id.map(ref)
     lines += [f"best per context: median {sp.groupby(ok.context_id).max().median():.2f}x; "
               f"share of strategies slower than the default: {(sp < 1).mean():.0%}"]
-    lines += ["", "Command: `python bench/datasheet_stats.py`."]
-    Path(__file__).parent.joinpath("results", "datasheet_stats.md").write_text("\n".join(lines) + "\n")
+    lines += ["", ""]
+    write_result(RESULTS / "datasheet_stats.md", lines)
     print("\n".join(lines))
 
 

@@ -14,6 +14,7 @@ from autosync.executor.emulate import emulate
 from autosync.profiler import NetworkProfile, Profile, profile_model
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.strategy import Strategy
+from _results import RESULTS, write as write_result
 
 
 def main() -> None:
@@ -34,8 +35,8 @@ def main() -> None:
         lines.append(f"| {args.workload} on {spec} | {', '.join(f'{r:.1f}' for r in runs)} | "
                      f"{statistics.fmean(runs):.1f} | {cv:.1%} |")
         print(lines[-1], flush=True)
-    lines += ["", "Command: `python bench/default_noise.py`. Target: CV <= 5%."]
-    Path(__file__).parent.joinpath("results", "default_noise.md").write_text("\n".join(lines) + "\n")
+    lines += ["", "Target: CV <= 5%."]
+    write_result(RESULTS / "default_noise.md", lines)
 
 
 if __name__ == "__main__":

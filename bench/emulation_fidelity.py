@@ -14,6 +14,7 @@ from pathlib import Path
 from autosync.cluster import parse_cluster
 from autosync.executor.emulate import EmulatedCluster, has_netem
 from autosync.executor.linkcheck import check_links
+from _results import RESULTS, write as write_result
 
 
 def main() -> None:
@@ -43,9 +44,9 @@ def main() -> None:
                          f"{bw / cluster.link.rate_bps:.3f} | {cluster.link.latency_s * 1e3:.3f} ms | "
                          f"{lat_m * 1e3:.3f} ms |")
             print(lines[-1], flush=True)
-    lines += ["", "Command: `python bench/emulation_fidelity.py` (root). Latency is half the best round trip of "
+    lines += ["", "Latency is half the best round trip of "
               "a 4-byte gloo ping-pong; bandwidth is a 0.5 s point-to-point transfer after a warm-up."]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    write_result(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from autosync import workloads
 from autosync.executor.launch import RankPool
 from autosync.executor.measure import TrialSpec, measure
 from autosync.strategy import Strategy
+from _results import RESULTS, write as write_result
 
 VARIANTS = {"builtin": {"builtin_ddp": True}, "hook": {}, "worker": {"force_worker": True}}
 
@@ -54,8 +55,8 @@ def main() -> None:
              "| workload | builtin DDP | autosync hook | hook via worker | hook/builtin | worker/builtin |",
              "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {w} | {b:.1f} | {h:.1f} | {k:.1f} | {r1:.3f} | {r2:.3f} |" for w, b, h, k, r1, r2 in rows]
-    lines += ["", "Command: `python bench/hook_overhead.py`. Target: ratio >= 0.97."]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    lines += ["", "Target: ratio >= 0.97."]
+    write_result(args.out, lines)
     print("\n".join(lines))
 
 

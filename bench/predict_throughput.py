@@ -19,6 +19,7 @@ from autosync.models.ranker import CostModel
 from autosync.models.train import PRETRAINED, SHIPPED_DATA
 from autosync.profiler import Profile
 from autosync.search.space import random_strategies
+from _results import RESULTS, write as write_result
 
 
 def rate(fn, n: int, repeats: int = 3) -> float:
@@ -53,8 +54,8 @@ def main() -> None:
     lines.append(f"| featurize (simulator included) + regressor, bert-mini | {len(strategies)} | "
                  f"{rate(end_to_end, len(strategies), 1):,.0f} |")
     print(lines[-1])
-    lines += ["", "Command: `python bench/predict_throughput.py`. Target: >= 50,000 candidates/s for the model."]
-    Path(__file__).parent.joinpath("results", "predict_throughput.md").write_text("\n".join(lines) + "\n")
+    lines += ["", "Target: >= 50,000 candidates/s for the model."]
+    write_result(RESULTS / "predict_throughput.md", lines)
 
 
 if __name__ == "__main__":

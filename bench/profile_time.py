@@ -10,6 +10,7 @@ from autosync import workloads
 from autosync.cluster import parse_cluster
 from autosync.executor.emulate import emulate
 from autosync.profiler import run_profile
+from _results import RESULTS, write as write_result
 
 
 def main() -> None:
@@ -28,8 +29,8 @@ def main() -> None:
             t2 = time.monotonic()
         lines.append(f"| {name} | {t2 - t1:.1f} | {t2 - t0:.1f} |")
         print(lines[-1], flush=True)
-    lines += ["", "Command: `python bench/profile_time.py`. Target: under 60 s per workload."]
-    Path(__file__).parent.joinpath("results", "profile_time.md").write_text("\n".join(lines) + "\n")
+    lines += ["", "Target: under 60 s per workload."]
+    write_result(RESULTS / "profile_time.md", lines)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from autosync.datasets.store import DatasetStore
 from autosync.models.simulator import simulate
 from autosync.profiler import Profile
 from autosync.strategy import loads_strategy
+from _results import RESULTS, write as write_result
 
 
 def main() -> None:
@@ -42,8 +43,8 @@ def main() -> None:
     lines += [f"| {c} | {n} | {r:.3f} | {q:.2f} |" for c, n, r, q in rows]
     med = statistics.median(r for _, _, r, _ in rows)
     lines += ["", f"Median Spearman rho over {len(rows)} contexts: **{med:.3f}** (target >= 0.7).", "",
-              "Command: `python bench/simulator_accuracy.py`."]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+              ""]
+    write_result(args.out, lines)
     print("\n".join(lines))
 
 

@@ -25,6 +25,7 @@ import optuna
 from autosync.cluster import parse_cluster
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import emulate
+from autosync.context import Context
 from autosync.models import training
 from autosync.models.ranker import CostModel
 from autosync.models.train import SHIPPED_DATA
@@ -34,8 +35,8 @@ from autosync.search.baselines import baselines
 from autosync.search.space import suggest
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.search.tuner import tune
+from _results import RESULTS, write as write_result
 
-RESULTS = Path(__file__).parent / "results"
 
 
 def optuna_alone(pool, profile, n, settings, seed):
@@ -71,7 +72,7 @@ def main() -> None:
                 t0 = time.monotonic()
                 from autosync import workloads as W
 
-                ctx = f"{wl}|b{W.default_batch_size(wl)}|{cluster.spec()}"
+                ctx = Context.of(wl, W.default_batch_size(wl), cluster, pool.network).id
                 raw = shipped.load_profile_dict(ctx)
                 profile = Profile.from_dict(raw) if raw else run_profile(pool, cluster, wl)
                 hand = baselines(profile)
@@ -110,9 +111,9 @@ def main() -> None:
               f"| all | {med(lambda r: True, 4):.2f} | {med(lambda r: True, 5):.2f} | {med(lambda r: True, 6):.2f} | "
               f"{min(r[6] for r in rows):.2f} |",
               "", f"autosync >= Optuna alone in {sum(r[6] >= r[5] * 0.98 for r in rows)} of {len(rows)} contexts "
-              "(within 2% noise).", "", "Command: `python bench/tune_vs_baselines.py`. Targets: median autosync "
+              "(within 2% noise).", "", "Targets: median autosync "
               "speedup >= 1.3 at or below 1 gbit, never below 0.98, autosync >= Optuna alone."]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    write_result(args.out, lines)
     print("\n".join(lines))
     _plot(rows, Path(args.out).with_suffix(".png"))
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from autosync import workloads
+from _results import RESULTS, write as write_result
 
 
 def main() -> None:
@@ -31,8 +32,8 @@ def main() -> None:
         params = sum(p.numel() for p in model.parameters()) / 1e6
         lines.append(f"| {name} | {params:.1f} M | {batch_size} | {statistics.median(times[3:]):.3f} |")
         print(lines[-1], flush=True)
-    lines += ["", "Command: `python bench/workload_step_times.py`."]
-    Path(__file__).parent.joinpath("results", "workload_step_times.md").write_text("\n".join(lines) + "\n")
+    lines += ["", ""]
+    write_result(RESULTS / "workload_step_times.md", lines)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ def test_run_default_and_strategy_file_as_json(tmp_path):
 def test_run_prints_a_table():
     out = autosync("run", "--workload", "resnet-tiny", "--nproc", "2", "--steps", "2", "--warmup", "1")
     assert out.returncode == 0, out.stderr
-    assert "samples/s" in out.stdout and "median step" in out.stdout
+    assert "samples/s" in out.stdout and "step (median)" in out.stdout
 
 
 def test_failed_trial_exits_1_with_reason():

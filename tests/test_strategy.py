@@ -45,7 +45,7 @@ groups:
 
 
 @pytest.mark.parametrize("text, message", [
-    ("groups: [{plan: gossip}]", "groups[0].plan: 'gossip' is not one of allreduce, hierarchical_allreduce"),
+    ("groups: [{plan: gossip}]", "groups[0].plan: 'gossip' is not one of allreduce, ps, sharded_ps"),
     ("groups: [{compressor: {name: zip}}]", "groups[0].compressor.name: 'zip' is not one of none, fp16"),
     ("groups: [{plan: ps, compressor: {name: topk, ratio: 0.1}}]", "topk works only with plan allreduce"),
     ("groups: [{compressor: {name: topk, ratio: 2}}]", "groups[0].compressor.ratio: 2 is out of range"),

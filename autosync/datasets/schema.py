@@ -48,7 +48,8 @@ SCHEMA = pa.schema([
     ("status", pa.string()),              # ok | failed | timeout
     ("reason", pa.string()),
     ("samples_per_s", pa.float64()),
-    ("median_step_s", pa.float64()),
+    ("median_step_s", pa.float64()),      # TrialResult.step_s: the median step, but the MEAN over whole periods
+                                          # for periodic modes (local SGD); name kept for schema version 1
     ("cv", pa.float64()),
     ("steps", pa.int32()),
     ("peak_mem_mb", pa.float64()),

@@ -31,12 +31,12 @@ def apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: St
     rank built identical parameters, e.g. from one seed).
 
     - fusion -> DDP's ``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``;
-    - groups -> one comm hook (:mod:`autosync.executor.hooks`);
+    - groups -> one comm hook (:mod:`autosync.executor.hooks`, running the plans of :mod:`autosync.plans`);
     - ``optimizer_sharding: zero`` -> torch's ZeroRedundancyOptimizer over the same
       optimizer class and defaults (per-parameter-group options are not carried over);
-    - ``sync: local_sgd`` -> torch's PostLocalSGDOptimizer with a PeriodicModelAverager:
-      after ``warmup_steps`` steps gradients are averaged only inside a host and the
-      parameters of all ranks every ``period`` steps.
+    - ``sync`` -> the mode's optimizer wrapper (``local_sgd``: torch's PostLocalSGDOptimizer
+      with a PeriodicModelAverager: after ``warmup_steps`` steps gradients are averaged only
+      inside a host and the parameters of all ranks every ``period`` steps).
 
     The returned model has ``.autosync_state`` (a :class:`SyncState`); call
     ``autosync.executor.apply.release(ddp_model)`` to free its thread and subgroups.
@@ -58,13 +58,7 @@ def apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: St
 
         optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=type(optimizer),
                                             process_group=pg, **optimizer.defaults)
-    if strategy.sync.mode == "local_sgd":
-        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
-        from torch.distributed.optim import PostLocalSGDOptimizer
-
-        averager = PeriodicModelAverager(period=strategy.sync.period, warmup_steps=strategy.sync.warmup_steps,
-                                         process_group=pg)
-        optimizer = PostLocalSGDOptimizer(optimizer, averager)
+    optimizer = strategy.sync.kind.wrap_optimizer(optimizer, strategy.sync, pg)
     return ddp, optimizer
 
 

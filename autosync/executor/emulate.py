@@ -167,6 +167,8 @@ def shape_commands(netns: str, dev: str, link: Link, netem: bool = True) -> list
 class EmulatedCluster:
     """A Cluster brought up on this machine. Use as a context manager; ``pool()`` gives its ranks."""
 
+    network = "emulated"   # the Context label of what its ranks measure
+
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
         self.token = secrets.token_hex(3)
@@ -189,7 +191,7 @@ class EmulatedCluster:
     def pool(self, **kwargs) -> RankPool:
         """A RankPool whose ranks live on the emulated hosts."""
         return RankPool(self.cluster.world_size, ranks_per_host=self.cluster.ranks_per_node,
-                        placements=self.placements(), master_addr=self.master_addr, **kwargs)
+                        placements=self.placements(), master_addr=self.master_addr, network=self.network, **kwargs)
 
     # --- lifecycle -------------------------------------------------------------------------
     def up(self) -> "EmulatedCluster":
@@ -270,13 +272,20 @@ class EmulatedCluster:
 
 
 class LocalCluster:
-    """The fallback without root: every rank on this host's loopback, unshaped."""
+    """What the user asks for with ``--unshaped``: every rank on this host's loopback, the spec's links not applied.
+
+    Its pool's measurements carry the Context network ``unshaped`` and are never filed
+    under the shaped spec.
+    """
+
+    network = "unshaped"
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
 
     def pool(self, **kwargs) -> RankPool:
-        return RankPool(self.cluster.world_size, ranks_per_host=self.cluster.ranks_per_node, **kwargs)
+        return RankPool(self.cluster.world_size, ranks_per_host=self.cluster.ranks_per_node, network=self.network,
+                        **kwargs)
 
     def __enter__(self) -> "LocalCluster":
         return self
@@ -285,10 +294,20 @@ class LocalCluster:
         pass
 
 
-def emulate(cluster: Cluster):
-    """An EmulatedCluster, or, without the rights to build one, a LocalCluster and a warning."""
+UNSHAPED_HINT = ("pass --unshaped (Python: unshaped=True) to measure on unshaped loopback instead; "
+                 "such results are labelled unshaped and never mixed with shaped data")
+
+
+def emulate(cluster: Cluster, unshaped: bool = False):
+    """An EmulatedCluster; or, when the user explicitly asks for ``unshaped``, a LocalCluster.
+
+    Without the rights to emulate it raises EmulationError (never a silent fallback).
+    """
+    if unshaped:
+        log.warning("unshaped: %d ranks on this host's loopback; the links of %s are not applied",
+                    cluster.world_size, cluster)
+        return LocalCluster(cluster)
     ok, why = can_emulate()
-    if ok:
-        return EmulatedCluster(cluster)
-    log.warning("cannot emulate %s (%s): running on unshaped loopback instead", cluster, why)
-    return LocalCluster(cluster)
+    if not ok:
+        raise EmulationError(f"{why}; {UNSHAPED_HINT}")
+    return EmulatedCluster(cluster)

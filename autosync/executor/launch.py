@@ -118,8 +118,9 @@ class RankPool:
 
     def __init__(self, world_size: int, ranks_per_host: int | None = None,
                  placements: list[RankPlacement] | None = None, master_addr: str = "127.0.0.1",
-                 threads_per_rank: int | None = None, start_timeout: float = 120.0):
+                 threads_per_rank: int | None = None, start_timeout: float = 120.0, network: str = "unshaped"):
         self.world_size = world_size
+        self.network = network          # what the ranks' links are: unshaped loopback, emulated, or real (Context)
         self.ranks_per_host = ranks_per_host or world_size
         self.placements = placements or [RankPlacement()] * world_size
         self.master_addr = master_addr

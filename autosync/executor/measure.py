@@ -2,7 +2,7 @@
 
 A step is forward + backward (with the strategy's communication) + optimizer step, timed
 on each rank; the step time of the job is the slowest rank's. Throughput is
-``world_size * batch_size / median(step time)``; the coefficient of variation is
+``world_size * batch_size / step_s`` with ``step_s`` the median step time; the coefficient of variation is
 ``std / mean`` of the timed steps. Local SGD is periodic (one step in ``period`` averages
 the model), so its timed steps are whole periods and its step time is their *mean*: a
 median would drop the averaging step and overstate it by up to the period. Peak memory is
@@ -52,7 +52,8 @@ class TrialResult:
     status: str                       # ok | failed | timeout
     reason: str = ""
     samples_per_s: float = 0.0
-    median_step_s: float = 0.0
+    step_s: float = 0.0               # representative step time: the median, or for periodic modes the mean
+    step_stat: str = "median"         # which of the two step_s is: median | mean (whole rounds of a periodic mode)
     cv: float = 0.0
     peak_mem_mb: float = 0.0
     step_times: list[float] = field(default_factory=list)
@@ -101,7 +102,7 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
     else:  # every rank built the model from the same seed: DDP's initial broadcast is not needed
         ddp, optimizer = apply(model, optimizer, strategy, init_sync=False, force_worker=spec.force_worker)
     gen = torch.Generator().manual_seed(spec.seed * 100_003 + ctx.rank)
-    period = strategy.sync.period if strategy.sync.mode == "local_sgd" else 1
+    period = strategy.sync.kind.steps_per_round(strategy.sync)
     total = spec.warmup_steps + _whole_periods(spec.steps, period)
     times, losses = [], []
     try:
@@ -140,11 +141,13 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
 def summarize(spec: TrialSpec, world_size: int, raw: dict[str, Any], wall_s: float) -> TrialResult:
     timed = raw["step_times"][spec.warmup_steps:]
     mean = statistics.fmean(timed)
-    periodic = Strategy.from_dict(spec.strategy).sync.mode == "local_sgd"
-    median = mean if periodic else statistics.median(timed)  # "median_step_s": the representative step time
+    sync = Strategy.from_dict(spec.strategy).sync
+    periodic = sync.kind.steps_per_round(sync) > 1
+    step = mean if periodic else statistics.median(timed)
     cv = statistics.pstdev(timed) / mean if len(timed) > 1 and mean > 0 else 0.0
     return TrialResult(str(spec.workload), Strategy.from_dict(spec.strategy).hash, world_size, spec.batch_size, "ok",
-                       samples_per_s=world_size * spec.batch_size / median, median_step_s=median, cv=cv,
+                       samples_per_s=world_size * spec.batch_size / step, step_s=step,
+                       step_stat="mean" if periodic else "median", cv=cv,
                        peak_mem_mb=raw["peak_mem_mb"], step_times=timed, losses=raw["losses"], wall_s=wall_s)
 
 

@@ -2,7 +2,8 @@
 
 Normalized so that they carry across machines and models: communication in units of
 compute time (``bytes * 8 / bandwidth / compute``), fractions of the model's bytes per plan
-and per compressor, compression ratio, shard balance, bucket counts; plus raw context
+and per compressor and each registry entry's own features (:mod:`autosync.plans`),
+compression ratio, shard balance, bucket counts; plus raw context
 (ranks, hosts, log bandwidth, latency, log parameter count) and the analytical
 simulator's own predictions, as ratios to its prediction for the DDP default in the same
 context. ``SIM_FEATURES`` names the simulator's columns, so the model can be trained
@@ -14,17 +15,16 @@ import math
 
 import numpy as np
 
-from autosync.executor.hooks import balanced_owners
+from autosync import plans as registry
 from autosync.models.simulator import SimResult, simulate
 from autosync.profiler import Profile
-from autosync.strategy import COMPRESSORS, PLANS, Strategy
+from autosync.strategy import Strategy
 
 CONTEXT_FEATURES = ["world_size", "nodes", "ranks_per_node", "log_bandwidth", "latency_ms", "heterogeneous",
                     "log_params", "comm_intensity", "embedding_frac", "touched_rows"]
-STRATEGY_FEATURES = (["log_bucket_cap", "n_buckets", "n_groups", "n_segments"]
-                     + [f"frac_plan_{p}" for p in PLANS] + [f"frac_comp_{c}" for c in COMPRESSORS]
-                     + ["powersgd_rank", "topk_ratio", "compression", "local_sgd", "local_period", "zero",
-                        "partitions", "owner_imbalance", "bytes_sent_ratio", "comm_units"])
+REGISTRY_FEATURES = list(registry.feature_defaults())   # frac_plan_*, frac_comp_*, and each entry's own
+STRATEGY_FEATURES = (["log_bucket_cap", "n_buckets", "n_groups", "n_segments"] + REGISTRY_FEATURES
+                     + ["compression", "zero", "owner_imbalance", "bytes_sent_ratio", "comm_units"])
 SIM_FEATURES = ["sim_speedup", "sim_exposed_frac", "sim_comm_frac", "sim_log_step_ratio"]
 FEATURES = CONTEXT_FEATURES + STRATEGY_FEATURES + SIM_FEATURES
 
@@ -57,24 +57,20 @@ def featurize(profile: Profile, strategy: Strategy, sim: SimResult | None = None
     group_bytes = [0] * len(strategy.groups)
     for p, gi in zip(params, group_of):
         group_bytes[gi] += p.nbytes
-    plan_bytes = {p: 0.0 for p in PLANS}
-    comp_bytes = {k: 0.0 for k in COMPRESSORS}
-    psgd_rank = topk_ratio = partitions = 0.0
+    own = registry.feature_defaults()
     for g, nbytes in zip(strategy.groups, group_bytes):
-        plan_bytes[g.plan] += nbytes
-        comp_bytes[g.compressor.name] += nbytes
-        if g.compressor.name == "powersgd":
-            psgd_rank += g.compressor.rank * nbytes / total
-        if g.compressor.name == "topk":
-            topk_ratio += g.compressor.ratio * nbytes / total
-        if g.plan == "sharded_ps":
-            partitions += g.partitions * nbytes / total
-    owners = balanced_owners(strategy, group_bytes, c.world_size)
+        share = nbytes / total
+        own[f"frac_plan_{g.plan}"] += share
+        own[f"frac_comp_{g.compressor.name}"] += share
+        for name, value in (*registry.plan(g.plan).group_features(g.partitions, share).items(),
+                            *registry.compressor(g.compressor.name).group_features(g.compressor, share).items()):
+            own[name] += value
+    own.update(strategy.sync.kind.sync_features(strategy.sync))
+    owners = strategy.owners(group_bytes, c.world_size)
     load = [0.0] * c.world_size
-    for g, nbytes, own in zip(strategy.groups, group_bytes, owners):
-        if g.plan in ("ps", "sharded_ps") and own:
-            for r in own:
-                load[r] += nbytes / len(own)
+    for nbytes, ranks in zip(group_bytes, owners):
+        for r in ranks:
+            load[r] += nbytes / len(ranks)
     ps_total = sum(load)
     imbalance = max(load) / (ps_total / c.world_size) if ps_total else 1.0
 
@@ -84,13 +80,9 @@ def featurize(profile: Profile, strategy: Strategy, sim: SimResult | None = None
     f.update({
         "log_bucket_cap": math.log10(strategy.fusion.bucket_cap_mb), "n_buckets": sim.n_buckets,
         "n_groups": len(strategy.groups), "n_segments": sim.n_segments,
-        **{f"frac_plan_{p}": v / total for p, v in plan_bytes.items()},
-        **{f"frac_comp_{k}": v / total for k, v in comp_bytes.items()},
-        "powersgd_rank": psgd_rank, "topk_ratio": topk_ratio,
+        **own,
         "compression": sent / total if sent else 1.0,
-        "local_sgd": float(strategy.sync.mode == "local_sgd"),
-        "local_period": float(strategy.sync.period if strategy.sync.mode == "local_sgd" else 1),
-        "zero": float(strategy.optimizer_sharding == "zero"), "partitions": partitions,
+        "zero": float(strategy.optimizer_sharding == "zero"),
         "owner_imbalance": imbalance, "bytes_sent_ratio": sent / total,
         "comm_units": sent * 8 / bandwidth / compute,
         "sim_speedup": base.step_s / sim.step_s, "sim_exposed_frac": sim.exposed_comm_s / sim.step_s,

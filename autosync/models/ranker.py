@@ -8,8 +8,10 @@ Two kinds, one interface (``fit``, ``predict``, ``save``, ``load``):
 Saved as LightGBM's text format (``model.txt``) beside a JSON card (``card.json``: kind,
 feature list, dataset hash, hyper-parameters, held-out metrics). Never pickled. Loading
 checks the model file's SHA-256 against the card before LightGBM sees it (LightGBM aborts
-the whole process on some truncated files), the card's feature list against this code's
-and against the model file's own: a mismatch is an error, never a silent wrong score.
+the whole process on some truncated files), that every feature of the card is one this code
+computes, and the card's list against the model file's own: a mismatch is an error, never a
+silent wrong score. The model keeps its card's column order; :meth:`CostModel.score` builds
+its input by name.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import lightgbm as lgb
 import numpy as np
 
 from autosync.errors import UserError
-from autosync.models.features import FEATURES
+from autosync.models.features import FEATURES, feature_matrix
 
 CARD_VERSION = 1
 PARAMS = {
@@ -93,7 +95,8 @@ class CostModel:
             raise ModelError(f"{card_path}: corrupt model card (line {e.lineno}: {e.msg})") from None
         if card.get("card_version") != CARD_VERSION or card.get("kind") not in PARAMS:
             raise ModelError(f"{card_path}: not a cost-model card of version {CARD_VERSION}")
-        if card.get("features") != list(FEATURES):
+        features = card.get("features")
+        if not isinstance(features, list) or set(features) - set(FEATURES):
             raise ModelError(f"{card_path}: the model was trained on other features than this autosync computes "
                              "(retrain it with `autosync train`)")
         try:
@@ -106,6 +109,10 @@ class CostModel:
             booster = lgb.Booster(model_str=text.decode())
         except (lgb.basic.LightGBMError, UnicodeDecodeError) as e:
             raise ModelError(f"{model_path}: corrupt LightGBM model ({str(e).splitlines()[0]})") from None
-        if booster.feature_name() != list(FEATURES):
+        if booster.feature_name() != features:
             raise ModelError(f"{model_path}: its features do not match its card")
-        return cls(card["kind"], list(FEATURES), booster, card)
+        return cls(card["kind"], list(features), booster, card)
+
+    def score(self, feature_rows: list[dict[str, float]]) -> np.ndarray:
+        """Scores of candidates given as feature dicts (from ``featurize``), in this model's own column order."""
+        return self.predict(feature_matrix(feature_rows, self.features))

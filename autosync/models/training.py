@@ -69,34 +69,57 @@ def relevance_labels(speedups: np.ndarray, ok: np.ndarray) -> np.ndarray:
     return labels
 
 
+def build_context(profile: Profile, ctx: pd.DataFrame) -> TrainingSet | None:
+    """The training rows of one context (columns source, strategy, strategy_hash, status, samples_per_s), or
+    None when its DDP default was not measured successfully (no reference)."""
+    ref = ctx[(ctx.source == "ddp_default") & (ctx.status == "ok")]
+    if ref.empty:
+        return None
+    base = float(ref.samples_per_s.iloc[0])
+    ok = (ctx.status == "ok").to_numpy()
+    speed = ctx.samples_per_s.to_numpy(dtype=float) / base
+    floor = np.nanmin(speed[ok]) / 2
+    speed = np.where(ok, speed, floor)
+    rows = []
+    for s_json in ctx.strategy:
+        strategy = loads_strategy(s_json)
+        rows.append(featurize(profile, strategy, simulate(profile, strategy)))
+    c = profile.cluster.spec()
+    frame = pd.DataFrame({
+        "context_id": profile.context_id, "workload": profile.model.workload, "cluster": c,
+        "strategy_hash": ctx.strategy_hash.to_numpy(), "source": ctx.source.to_numpy(), "ok": ok,
+        "speedup": speed, "relevance": relevance_labels(speed, ok),
+        "sim_step_s": [math.exp(r["sim_log_step_ratio"]) for r in rows],
+    })
+    return TrainingSet(feature_matrix(rows, FEATURES), np.log(speed), frame.relevance.to_numpy(), frame,
+                       list(FEATURES))
+
+
 def build(store: DatasetStore, df: pd.DataFrame | None = None) -> TrainingSet:
+    """Every context of the store with a measured default, a stored profile and shaped links.
+
+    Contexts measured on unshaped loopback (or not measured: nominal) are left out: their
+    features describe links their numbers did not see.
+    """
     df = store.read() if df is None else df
-    frames, rows = [], []
+    sets = []
     for context_id, ctx in df.groupby("context_id", sort=True):
-        ref = ctx[(ctx.source == "ddp_default") & (ctx.status == "ok")]
         raw = store.load_profile_dict(context_id)
-        if ref.empty or raw is None:
+        if raw is None:
             continue
         profile = Profile.from_dict(raw, str(store.profile_path(context_id)))
-        base = float(ref.samples_per_s.iloc[0])
-        ok = (ctx.status == "ok").to_numpy()
-        speed = ctx.samples_per_s.to_numpy(dtype=float) / base
-        floor = np.nanmin(speed[ok]) / 2
-        speed = np.where(ok, speed, floor)
-        for s_json in ctx.strategy:
-            strategy = loads_strategy(s_json)
-            rows.append(featurize(profile, strategy, simulate(profile, strategy)))
-        frames.append(pd.DataFrame({
-            "context_id": context_id, "workload": ctx.workload.to_numpy(), "cluster": ctx.cluster.to_numpy(),
-            "strategy_hash": ctx.strategy_hash.to_numpy(), "source": ctx.source.to_numpy(), "ok": ok,
-            "speedup": speed, "relevance": relevance_labels(speed, ok),
-            "sim_step_s": [math.exp(r["sim_log_step_ratio"]) for r in rows[-len(ctx):]],
-        }))
-    if not frames:
-        raise ValueError("no context with a successful DDP-default measurement and a stored profile")
-    frame = pd.concat(frames, ignore_index=True)
-    X = feature_matrix(rows, FEATURES)
-    return TrainingSet(X, np.log(frame.speedup.to_numpy()), frame.relevance.to_numpy(), frame, list(FEATURES))
+        if not profile.context.shaped:
+            continue
+        part = build_context(profile, ctx)
+        if part is not None:
+            part.frame["workload"] = ctx.workload.to_numpy()
+            part.frame["cluster"] = ctx.cluster.to_numpy()
+            sets.append(part)
+    if not sets:
+        raise ValueError("no context with a successful DDP-default measurement, shaped links and a stored profile")
+    frame = pd.concat([t.frame for t in sets], ignore_index=True)
+    return TrainingSet(np.vstack([t.X for t in sets]), np.concatenate([t.log_speedup for t in sets]),
+                       frame.relevance.to_numpy(), frame, list(FEATURES))
 
 
 def candidate_matrix(profile: Profile, strategies: list[Strategy], names: list[str] = FEATURES) -> np.ndarray:

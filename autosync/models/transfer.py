@@ -1,7 +1,7 @@
 """Held-out evaluation: does the cost model transfer to workloads and clusters it never saw?
 
-Leave-one-workload-out and leave-one-cluster-out: for each held-out group, train on every
-other group and score the held-out contexts. Per context, with predicted scores ``s`` and
+Leave-one-workload-out and leave-one-cluster-out (scikit-learn's ``LeaveOneGroupOut``): for
+each held-out group, train on every other group and score the held-out contexts. Per context, with predicted scores ``s`` and
 measured speedups ``y``:
 
 - pairwise accuracy: the fraction of pairs ordered as measured, over pairs whose measured
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau
+from sklearn.model_selection import LeaveOneGroupOut
 
 from autosync.models.features import FEATURES, SIM_FEATURES
 from autosync.models.ranker import CostModel
@@ -76,11 +77,12 @@ class TransferReport:
 def evaluate(data: TrainingSet, splits=("workload", "cluster"), methods=METHODS, seed: int = 0) -> TransferReport:
     rows = []
     for split in splits:
-        for held in sorted(data.frame[split].unique()):
-            test_mask = (data.frame[split] == held).to_numpy()
-            train, test = data.subset(~test_mask), data.subset(test_mask)
-            if train.X.shape[0] == 0:
-                continue
+        groups = data.frame[split].to_numpy()
+        if len(set(groups)) < 2:
+            continue
+        for train_idx, test_idx in LeaveOneGroupOut().split(data.X, groups=groups):
+            held = groups[test_idx[0]]
+            train, test = data.subset(train_idx), data.subset(test_idx)
             for method in methods:
                 scores = _scores(method, train, test, seed)
                 for ctx, idx in test.frame.groupby("context_id").indices.items():

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autosync.cluster import Cluster, parse_cluster
+from autosync.context import Context
 from autosync.errors import UserError
 from autosync.executor.launch import RankContext, RankPool
 from autosync.profiler.model import ModelProfile, profile_model
@@ -20,11 +21,12 @@ class ProfileError(UserError):
     """A profile file that cannot be read, or is of another version."""
 
 
-def environment() -> dict:
+def environment(network: str = "emulated", backend: str = "gloo", device: str = "cpu") -> dict:
+    """The environment a profile was taken in; ``network``, ``backend`` and ``device`` enter its Context."""
     import torch
 
-    return {"torch": torch.__version__, "backend": "gloo", "cores": os.cpu_count(), "python": platform.python_version(),
-            "machine": platform.machine()}
+    return {"torch": torch.__version__, "network": network, "backend": backend, "device": device,
+            "cores": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()}
 
 
 @dataclass
@@ -35,9 +37,15 @@ class Profile:
     env: dict = field(default_factory=environment)
 
     @property
+    def context(self) -> Context:
+        """Where this profile was taken (profiles written before the field existed were emulated)."""
+        return Context.of(self.model.workload, self.model.batch_size, self.cluster,
+                          self.env.get("network", "emulated"), self.env.get("backend", "gloo"),
+                          self.env.get("device", "cpu"))
+
+    @property
     def context_id(self) -> str:
-        """Identifies a (workload, batch, cluster) context: rows of one context are comparable."""
-        return f"{self.model.workload}|b{self.model.batch_size}|{self.cluster.spec()}"
+        return self.context.id
 
     def to_dict(self) -> dict:
         return {"autosync_profile": PROFILE_VERSION, "cluster": self.cluster.spec(), "environment": self.env,
@@ -82,12 +90,15 @@ def _model_task(ctx: RankContext, workload: str, batch_size: int | None) -> dict
 
 def run_profile(pool: RankPool, cluster: Cluster, workload: str, batch_size: int | None = None,
                 measure_network: bool = True, timeout: float = 600.0) -> Profile:
-    """Profile ``workload`` and the network of ``pool`` (or the spec's nominal numbers)."""
+    """Profile ``workload`` and the network of ``pool`` (or the spec's nominal numbers).
+
+    The profile's context takes the pool's ``network`` label (emulated, unshaped, real).
+    """
     model = ModelProfile.from_dict(pool.run(_model_task, workload, batch_size, timeout=timeout)[0])
     network = profile_network(pool, timeout=timeout) if measure_network else NetworkProfile.nominal(cluster)
-    return Profile(model, network, cluster)
+    return Profile(model, network, cluster, environment(pool.network if measure_network else "nominal"))
 
 
 def nominal_profile(cluster: Cluster, workload: str, batch_size: int | None = None) -> Profile:
     """Prediction-only profile: the model profiled here, the network from the spec's numbers."""
-    return Profile(profile_model(workload, batch_size), NetworkProfile.nominal(cluster), cluster)
+    return Profile(profile_model(workload, batch_size), NetworkProfile.nominal(cluster), cluster, environment("nominal"))

@@ -14,6 +14,7 @@ import logging
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from autosync.cluster import Cluster
+from autosync.context import Context
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import emulate
 from autosync.profiler import Profile
@@ -42,8 +43,12 @@ def candidates_for(profile: Profile, per_context: int, seed: int) -> list[tuple[
 
 def collect(workloads: list[str], clusters: list[Cluster], store: DatasetStore, per_context: int,
             settings: TrialSettings = TrialSettings(), batch_size: int | None = None, seed: int = 0,
-            progress: bool = True) -> dict[str, int]:
-    """Run the campaign; returns counts of trials by status (skipped = already stored)."""
+            progress: bool = True, unshaped: bool = False) -> dict[str, int]:
+    """Run the campaign; returns counts of trials by status (skipped = already stored).
+
+    ``unshaped`` measures on local loopback instead of the emulated cluster (only when asked:
+    without the rights to emulate it refuses); those rows carry an unshaped context id.
+    """
     counts = {"ok": 0, "failed": 0, "timeout": 0, "skipped": 0}
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("ETA"), TimeRemainingColumn(), disable=not progress, transient=False)
@@ -51,10 +56,10 @@ def collect(workloads: list[str], clusters: list[Cluster], store: DatasetStore, 
         guess = per_context + 9  # baselines per context; fewer when one equals another (known after profiling)
         total = bar.add_task("collect", total=len(workloads) * len(clusters) * guess)
         for cluster in clusters:
-            with emulate(cluster) as emu, emu.pool() as pool:
+            with emulate(cluster, unshaped=unshaped) as emu, emu.pool() as pool:
                 for workload in workloads:
                     bar.update(total, description=f"{workload} on {cluster}: profiling")
-                    profile = _profile(pool, cluster, workload, batch_size, store)
+                    profile = context_profile(store, pool, cluster, workload, batch_size)
                     cands = candidates_for(profile, per_context, seed)
                     bar.update(total, total=bar.tasks[total].total + len(cands) - guess)
                     bar.update(total, description=f"{workload} on {cluster}")
@@ -69,14 +74,18 @@ def collect(workloads: list[str], clusters: list[Cluster], store: DatasetStore, 
     return counts
 
 
-def _profile(pool, cluster: Cluster, workload: str, batch_size: int | None, store: DatasetStore) -> Profile:
+def context_profile(store: DatasetStore, pool, cluster: Cluster, workload, batch_size: int | None = None,
+                    status=None) -> Profile:
+    """The stored profile of the context that ``pool`` measures, or a new one measured on it (and stored)."""
     from autosync import workloads as wl
 
     batch = batch_size or wl.default_batch_size(workload)
-    context_id = f"{workload}|b{batch}|{cluster.spec()}"
-    stored = store.load_profile_dict(context_id)
+    context = Context.of(workload, batch, cluster, pool.network)
+    stored = store.load_profile_dict(context.id)
     if stored is not None:
-        return Profile.from_dict(stored, str(store.profile_path(context_id)))
+        return Profile.from_dict(stored, str(store.profile_path(context.id)))
+    if status:
+        status(f"profiling {workload} on {context.label}")
     profile = run_profile(pool, cluster, workload, batch)
     store.save_profile(profile.context_id, profile.to_dict())
     return profile

@@ -3,29 +3,23 @@
 Groups are formed from the profile, so the space has the same size for a model of ten
 tensors or of hundreds: the tensors, in gradient-ready order (DDP's bucket order), are cut
 into ``n_groups`` contiguous runs of about equal bytes; embedding tables, when the model
-has them, may form a group of their own first. Each group then chooses
-
-    plan       allreduce | hierarchical_allreduce (several hosts of several ranks) | ps | sharded_ps
-               | row_sparse (the embedding group only)
-    compressor none | fp16 | bf16, and with allreduce also powersgd {rank} | topk {ratio}
-    partitions sharded_ps: 2, 4 or one per rank (owners balanced by bytes)
-
-plus global choices: bucket size, sync mode (bsp or local SGD with a period) and ZeRO.
-Parameter names are distinct per condition (``g1_compressor_allreduce``), which Optuna's
-samplers need for conditional spaces. ``lossless=True`` keeps only lossless choices.
+has them, may form a group of their own first. Each group then chooses a plan among those
+of the registry (:mod:`autosync.plans`) that apply to it on this cluster, the plan's own
+fields (``sharded_ps``: partitions), a compressor that works with the plan, and the
+compressor's fields; then the global choices: bucket size, sync mode (and its fields) and,
+where the mode allows it, ZeRO. Parameter names are distinct per condition
+(``g1_compressor_allreduce``), which Optuna's samplers need for conditional spaces.
+``lossless=True`` keeps only lossless choices.
 """
 from __future__ import annotations
 
 import optuna
 
+from autosync import plans as registry
 from autosync.profiler import Profile
 from autosync.strategy import Strategy
 
 BUCKET_CAPS_MB = (1.0, 4.0, 10.0, 25.0, 50.0, 100.0)
-POWERSGD_RANKS = (1, 2, 4, 8, 16)
-TOPK_RATIOS = (0.001, 0.01, 0.05)
-LOCAL_SGD_PERIODS = (2, 4, 8)
-LOCAL_SGD_WARMUP = 2
 MAX_GROUPS = 4
 
 
@@ -56,34 +50,27 @@ def suggest(trial: optuna.trial.BaseTrial, profile: Profile, lossless: bool = Fa
         groups_names.append(([p.name for p in embeddings], True))
     groups_names += [(run, False) for run in _chunks([p.name for p in dense], [p.nbytes for p in dense], n_groups)]
 
-    plans = ["allreduce", "ps", "sharded_ps"]
-    if cluster.nodes > 1 and cluster.ranks_per_node > 1:
-        plans.append("hierarchical_allreduce")
     groups = []
     for gi, (names, is_emb) in enumerate(groups_names):
-        choices = plans + (["row_sparse"] if is_emb else [])
+        choices = [p.name for p in registry.PLANS.values()
+                   if p.applicable(cluster.nodes, cluster.ranks_per_node, is_emb)]
         plan = trial.suggest_categorical(f"g{gi}_plan{'_emb' if is_emb else ''}", choices)
-        group: dict = {"match": names, "plan": plan}
-        if plan == "sharded_ps":
-            parts = sorted({2, 4, world} - {1})
-            group["partitions"] = trial.suggest_categorical(f"g{gi}_partitions", parts) if parts else 2
-        comps = ["none"] if lossless else ["none", "fp16", "bf16"] + (["powersgd", "topk"] if plan == "allreduce" else [])
+        group: dict = {"match": names, "plan": plan, **registry.plan(plan).suggest(trial, f"g{gi}", world)}
+        comps = [c.name for c in registry.COMPRESSORS.values() if c.works_with(plan) and not (lossless and c.lossy)]
         comp = trial.suggest_categorical(f"g{gi}_compressor_{plan}", comps)
-        if comp == "powersgd":
-            group["compressor"] = {"name": comp, "rank": trial.suggest_categorical(f"g{gi}_powersgd_rank", POWERSGD_RANKS)}
-        elif comp == "topk":
-            group["compressor"] = {"name": comp, "ratio": trial.suggest_categorical(f"g{gi}_topk_ratio", TOPK_RATIOS)}
-        else:
-            group["compressor"] = comp
+        fields = registry.compressor(comp).suggest(trial, f"g{gi}")
+        group["compressor"] = {"name": comp, **fields} if fields else comp
         groups.append(group)
     groups[-1]["match"] = "*"  # the last group takes the rest: shorter files, same cover
 
     raw: dict = {"groups": groups, "fusion": {"bucket_cap_mb": trial.suggest_categorical("bucket_cap_mb", BUCKET_CAPS_MB)}}
-    mode = "bsp" if lossless else trial.suggest_categorical("sync_mode", ["bsp", "local_sgd"])
-    if mode == "local_sgd":
-        raw["sync"] = {"mode": "local_sgd", "warmup_steps": LOCAL_SGD_WARMUP,
-                       "period": trial.suggest_categorical("local_sgd_period", LOCAL_SGD_PERIODS)}
-    elif trial.suggest_categorical("zero", [False, True]):
+    modes = [m.name for m in registry.SYNC_MODES.values() if not (lossless and m.lossy)]
+    mode = modes[0] if len(modes) == 1 else trial.suggest_categorical("sync_mode", modes)
+    kind = registry.sync_mode(mode)
+    fields = kind.suggest(trial)
+    if fields:
+        raw["sync"] = {"mode": mode, **fields}
+    if kind.allows_zero and trial.suggest_categorical("zero", [False, True]):
         raw["optimizer_sharding"] = "zero"
     return Strategy.from_dict(raw)
 

@@ -16,16 +16,32 @@ references; they count toward ``measure``. The recommendation is the fastest suc
 measured strategy, and never one slower than the measured DDP default: when nothing beats
 it, the default is recommended and the result says so. ``measure=0`` only predicts.
 
-The Optuna study lives in ``storage`` (a SQLite file by default; any RDB URL, e.g.
-PostgreSQL, lets several workers share one search) under a name derived from the
-context, so an interrupted tune resumes: measured strategies are found in the dataset
-and not run again.
+The measured trials *are* the shared Optuna study, in ``storage`` (a SQLite file by
+default; any RDB URL, e.g. PostgreSQL, lets several workers share one search), under a
+name derived from the context. Every worker on one study:
+
+- **claims** a strategy before measuring it: a RUNNING trial carrying its hash, created
+  in one insert; when two workers claim the same hash, the lower trial id keeps it and the
+  other moves on, so a strategy measured or being measured by one worker is not measured
+  by another (a claim left by a dead process on this host is released);
+- **learns from all**: before each round the completed trials of every worker (strategy,
+  samples/s, status) join the refit of the cost model, so each worker's proposals are
+  conditioned on everything measured so far; the DDP default measured by one worker is
+  the reference of all;
+- **recommends from all**: the fastest measured strategy of the study.
+
+Trial value = measured samples/s (FAIL for a failed trial); user attributes hold the
+strategy, its hash, whether it is lossless, the speedup over the default when known and
+the worker. An interrupted tune resumes: what its study or its dataset holds is not run
+again.
 """
 from __future__ import annotations
 
 import logging
 import math
 import os
+import secrets
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,13 +52,13 @@ from autosync.datasets.store import DatasetStore
 from autosync.errors import UserError
 from autosync.executor.launch import RankPool
 from autosync.models import training
-from autosync.models.features import FEATURES, featurize
+from autosync.models.features import featurize
 from autosync.models.ranker import CostModel
 from autosync.profiler import Profile
 from autosync.search.baselines import baselines
 from autosync.search.space import suggest
 from autosync.search.trials import TrialSettings, measure_strategy, trial_row
-from autosync.strategy import Strategy
+from autosync.strategy import Strategy, loads_strategy
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +71,7 @@ class Measured:
     status: str
     samples_per_s: float
     reason: str = ""
+    worker: str = ""          # "" = measured by this run; else the worker of the shared study that did
 
 
 @dataclass
@@ -68,6 +85,7 @@ class TuneResult:
     note: str = ""
     candidates_scored: int = 0
     search_seconds: float = 0.0
+    peer_measurements_seen: int = 0   # measurements of other workers the last refit learned from
 
     @property
     def measured_samples_per_s(self) -> float | None:
@@ -115,13 +133,12 @@ def pick_diverse(ranked: list[tuple[float, Strategy]], k: int, exclude: set[str]
 
 
 class Tuner:
-    """One tuning run for one (workload, cluster) context. See the module docstring.
+    """One tuning run for one context. See the module docstring.
 
     Two Optuna studies: an in-memory one where TPE proposes candidates scored by the cost
     model (thousands of ask/tell a run: a database round trip each would dominate), and
-    the shared one in ``storage`` that records what was measured (value = measured speedup
-    over the DDP default, FAIL for a failed trial) or, with nothing measured, the top
-    predictions. Workers on one storage see each other's measurements.
+    the shared one in ``storage``, which holds the measured trials of every worker (and,
+    with nothing measured, the top predictions).
     """
 
     def __init__(self, profile: Profile, model: CostModel, base: "training.TrainingSet | None", store: DatasetStore,
@@ -134,27 +151,81 @@ class Tuner:
         self.candidates, self.per_round, self.min_distance = candidates, per_round, min_distance
         self.settings = settings
         self.seed = seed
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(
             seed=seed, n_startup_trials=min(200, candidates // 2)))
         self.study_name = f"autosync|{profile.context_id}|{'lossless' if lossless else 'any'}"
         self.shared = _open_shared(self.study_name, storage)
         self.scored: dict[str, tuple[float, Strategy]] = {}
+        self.peer_measurements_seen = 0
 
+    # --- the shared study -------------------------------------------------------------------
     def record(self, strategy: Strategy, value: float | None, kind: str, **attrs) -> None:
-        """Store one trial in the shared study (value None = failed)."""
+        """Store one finished trial in the shared study (value None = failed)."""
         trial = optuna.trial.create_trial(
             state=optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL,
-            value=value, user_attrs={"strategy": strategy.to_json(), "hash": strategy.hash, "kind": kind, **attrs})
+            value=value, user_attrs=self._attrs(strategy, kind, **attrs))
         self.shared.add_trial(trial)
+
+    def _attrs(self, strategy: Strategy, kind: str, **extra) -> dict:
+        return {"strategy": strategy.to_json(), "hash": strategy.hash, "kind": kind,
+                "lossless": strategy.is_lossless, "worker": self.worker, **extra}
+
+    def _measured_trials(self) -> list[optuna.trial.FrozenTrial]:
+        return [t for t in self.shared.get_trials(deepcopy=False) if t.user_attrs.get("kind") == "measured"]
+
+    def claim(self, strategy: Strategy, source: str) -> int | None:
+        """Claim ``strategy`` for measurement; the claim's trial number, or None when another worker has it."""
+        token = secrets.token_hex(8)
+        self.shared.add_trial(optuna.trial.create_trial(
+            state=optuna.trial.TrialState.RUNNING, user_attrs=self._attrs(strategy, "measured", source=source,
+                                                                          claim=token)))
+        same = [t for t in self._measured_trials() if t.user_attrs.get("hash") == strategy.hash]
+        mine = next(t for t in same if t.user_attrs.get("claim") == token)
+        rivals = [t for t in same if t is not mine and not _stale(t)
+                  and (t.state != optuna.trial.TrialState.RUNNING or t._trial_id < mine._trial_id)]
+        if rivals:
+            optuna.trial.Trial(self.shared, mine._trial_id).set_user_attr("kind", "yielded")
+            self.shared.tell(mine.number, state=optuna.trial.TrialState.PRUNED)
+            return None
+        return mine.number
+
+    def finish(self, number: int, result, reference: float | None) -> None:
+        """Store the outcome of a claimed measurement."""
+        trial_id = next(t._trial_id for t in self.shared.get_trials(deepcopy=False) if t.number == number)
+        handle = optuna.trial.Trial(self.shared, trial_id)
+        for key, value in (("samples_per_s", result.samples_per_s), ("status", result.status),
+                           ("reason", result.reason[:500]),
+                           ("speedup", result.samples_per_s / reference if result.ok and reference else None)):
+            handle.set_user_attr(key, value)
+        if result.ok:
+            self.shared.tell(number, result.samples_per_s)
+        else:
+            self.shared.tell(number, state=optuna.trial.TrialState.FAIL)
+
+    def shared_measurements(self) -> list[dict]:
+        """Every finished measurement in the shared study (all workers): source, strategy, status, samples/s."""
+        out = []
+        for t in self._measured_trials():
+            if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL) and "status" in t.user_attrs:
+                out.append({"source": t.user_attrs.get("source", "tune"), "strategy": t.user_attrs["strategy"],
+                            "strategy_hash": t.user_attrs["hash"], "status": t.user_attrs["status"],
+                            "samples_per_s": float(t.user_attrs.get("samples_per_s") or 0.0),
+                            "reason": t.user_attrs.get("reason", ""), "worker": t.user_attrs.get("worker", "")})
+        return out
+
+    def busy_hashes(self) -> set[str]:
+        """Hashes measured or being measured by any worker."""
+        return {t.user_attrs.get("hash") for t in self._measured_trials()
+                if t.state != optuna.trial.TrialState.PRUNED and not _stale(t)}
 
     def shared_hashes(self) -> set[str]:
         return {t.user_attrs.get("hash") for t in self.shared.get_trials(deepcopy=False)}
 
     # --- proposing ---------------------------------------------------------------------------
     def score(self, strategies: list[Strategy]) -> np.ndarray:
-        X = np.array([[f[n] for n in FEATURES] for f in (featurize(self.profile, s) for s in strategies)])
-        return self.model.predict(X)
+        return self.model.score([featurize(self.profile, s) for s in strategies])
 
     def propose(self, n: int) -> int:
         """Ask Optuna for n candidates, score them in one batch, tell the scores back."""
@@ -179,12 +250,23 @@ class Tuner:
 
     # --- refitting -----------------------------------------------------------------------------
     def refit(self) -> None:
-        """Refit on the base training set plus this context's measurements (active learning)."""
+        """Refit on the base training set plus every measurement of this context: this worker's dataset and
+        the shared study's trials of all workers (active learning)."""
+        import pandas as pd
+
         frames = [self.base] if self.base is not None else []
-        try:
-            frames.append(training.build(self.store))
-        except ValueError:  # no measured default in this context yet
-            pass
+        rows = self.store.read()
+        rows = rows[rows.context_id == self.profile.context_id][["source", "strategy", "strategy_hash", "status",
+                                                                  "samples_per_s"]]
+        shared = pd.DataFrame(self.shared_measurements())
+        if not shared.empty:
+            mine = {r for r in rows.strategy_hash}
+            self.peer_measurements_seen = int((~shared.strategy_hash.isin(mine)).sum())
+            rows = pd.concat([rows, shared[rows.columns]], ignore_index=True)
+        rows = rows.drop_duplicates("strategy_hash", keep="first")
+        context = training.build_context(self.profile, rows)
+        if context is not None:
+            frames.append(context)
         if not frames:
             return
         data = training.TrainingSet.concat(frames)
@@ -192,6 +274,22 @@ class Tuner:
                                                     self.seed)
         for h, (_, s) in list(self.scored.items()):
             self.scored[h] = (float(self.score([s])[0]), s)
+
+
+def _stale(trial: optuna.trial.FrozenTrial) -> bool:
+    """A RUNNING claim of a process on this host that is gone."""
+    if trial.state != optuna.trial.TrialState.RUNNING:
+        return False
+    host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _open_shared(name: str, storage: str, attempts: int = 5) -> optuna.Study:
@@ -222,7 +320,7 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
          pool: RankPool | None = None, base: "training.TrainingSet | None" = None, lossless: bool = False,
          seed: int = 0, candidates: int = 500, per_round: int = 3, settings: TrialSettings = TrialSettings(),
          on_measured=None, workload=None) -> TuneResult:
-    """Run the loop; ``pool`` is needed when ``measure > 0``."""
+    """Run the loop; ``pool`` is needed when ``measure > 0`` (``measure`` counts this worker's trials)."""
     import time
 
     t0 = time.monotonic()
@@ -239,25 +337,38 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
     result_measured: list[Measured] = []
     stored = _stored(store, profile)
 
-    def run(source: str, strategy: Strategy) -> None:
+    def reference() -> float | None:
+        own = [m.samples_per_s for m in result_measured if m.source == "ddp_default" and m.status == "ok"]
+        peers = [r["samples_per_s"] for r in tuner.shared_measurements()
+                 if r["source"] == "ddp_default" and r["status"] == "ok"]
+        return (own or peers or [None])[0]
+
+    def run(source: str, strategy: Strategy) -> bool:
+        """Measure ``strategy`` unless another worker has it; True when this run measured (or had stored) it."""
         nonlocal measure_time
         predicted = _predicted_speedup(tuner.model, tuner.scored.get(strategy.hash, (float("nan"),))[0])
         if strategy.hash in stored:
             row = stored[strategy.hash]
             m = Measured(source, strategy, predicted, row["status"], row["samples_per_s"], row["reason"])
+            if strategy.hash not in tuner.busy_hashes():  # the study learns what this dataset already knew
+                tuner.record(strategy, row["samples_per_s"] if row["status"] == "ok" else None, "measured",
+                             source=source, samples_per_s=row["samples_per_s"], status=row["status"],
+                             reason=row["reason"])
         else:
+            number = tuner.claim(strategy, source)
+            if number is None:
+                log.info("%s %s is measured by another worker", source, strategy.hash)
+                return False
             t = time.monotonic()
             r = measure_strategy(pool, profile, strategy, settings, workload)
             measure_time += time.monotonic() - t
             store.append([trial_row(profile, strategy, source, r)])
             m = Measured(source, strategy, predicted, r.status, r.samples_per_s, r.reason)
-            reference = next((x.samples_per_s for x in result_measured if x.source == "ddp_default"
-                              and x.status == "ok"), r.samples_per_s if source == "ddp_default" else None)
-            tuner.record(strategy, r.samples_per_s / reference if r.ok and reference else None, "measured",
-                         source=source, samples_per_s=r.samples_per_s, status=r.status, reason=r.reason)
+            tuner.finish(number, r, reference() if source != "ddp_default" else r.samples_per_s)
         result_measured.append(m)
         if on_measured:
             on_measured(m)
+        return True
 
     if measure > 0:
         if pool is None:
@@ -267,26 +378,48 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
                         default=None)
         if best_base and measure > 1:
             run(best_base[0], best_base[1])
-        while len(result_measured) < measure:
-            done = {m.strategy.hash for m in result_measured}
+        rounds = 0
+        while len(result_measured) < measure and rounds < 4 * measure:
+            rounds += 1
+            tuner.refit()   # on everything measured so far, by every worker of the study
+            done = {m.strategy.hash for m in result_measured} | tuner.busy_hashes()
             k = min(per_round, measure - len(result_measured))
             picks = pick_diverse(tuner.ranked(), k, done, tuner.min_distance,
                                  [m.strategy for m in result_measured if m.source == "tune"])
             if not picks:
                 picks = pick_diverse(tuner.ranked(), k, done, 0.0)
-            if not picks:
+            if not picks and not tuner.propose(max(50, candidates // 5)):
                 break
             for _, strategy in picks:
                 run("tune", strategy)
-            tuner.refit()
             tuner.propose(max(50, candidates // 5))
+        _wait_for_default(tuner, settings.timeout_s + 30)
     if measure == 0:
         for score, strategy in pick_diverse(tuner.ranked(), per_round, set(), tuner.min_distance):
-            tuner.record(strategy, float(score), "predicted", worker=f"{os.uname().nodename}:{os.getpid()}")
-    result = _recommend(tuner, result_measured, hand)
+            tuner.record(strategy, float(score), "predicted")
+    mine = {m.strategy.hash for m in result_measured}
+    peers = [Measured(r["source"], loads_strategy(r["strategy"]),
+                      _predicted_speedup(tuner.model, tuner.scored.get(r["strategy_hash"], (float("nan"),))[0]),
+                      r["status"], r["samples_per_s"], r["reason"], worker=r["worker"])
+             for r in tuner.shared_measurements() if r["strategy_hash"] not in mine] if measure > 0 else []
+    result = _recommend(tuner, result_measured + peers, hand)
     result.candidates_scored = len(tuner.scored)
     result.search_seconds = time.monotonic() - t0 - measure_time
+    result.peer_measurements_seen = tuner.peer_measurements_seen
     return result
+
+
+def _wait_for_default(tuner: Tuner, timeout: float) -> None:
+    """When another worker is measuring the DDP default (the reference of every speedup), wait for it."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = [t for t in tuner._measured_trials() if t.user_attrs.get("source") == "ddp_default"
+                   and t.state == optuna.trial.TrialState.RUNNING and not _stale(t)]
+        if not running:
+            return
+        time.sleep(1.0)
 
 
 def _stored(store: DatasetStore, profile: Profile) -> dict[str, dict]:

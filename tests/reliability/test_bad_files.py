@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from autosync.cluster import parse_cluster
+from autosync.context import Context
 from autosync.datasets.schema import COLUMNS, SCHEMA
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import can_emulate
@@ -101,12 +102,13 @@ def test_a_bad_file_is_one_line_naming_it_and_exit_2(what, make, argv, message, 
 def test_collect_refuses_a_stored_profile_of_another_version(tmp_path, nothing_left):
     store = DatasetStore(tmp_path / "d")
     profile = nominal_profile(parse_cluster("2x1@10gbit"), "mlp")
-    store.save_profile(profile.context_id, {**profile.to_dict(), "autosync_profile": 0})
+    context = Context.of("mlp", profile.model.batch_size, profile.cluster, "emulated")  # where collect looks
+    store.save_profile(context.id, {**profile.to_dict(), "autosync_profile": 0})
     out = subprocess.run([sys.executable, "-m", "autosync.cli", "collect", "--workloads", "mlp", "--clusters",
                           "2x1@10gbit", "--data", "d"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "profile version 0 is not supported" in lines[-1]
-    assert store.profile_path(profile.context_id).name in lines[-1]
+    assert store.profile_path(context.id).name in lines[-1]
     assert store.read().empty
     nothing_left()

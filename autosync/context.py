@@ -1,0 +1,62 @@
+"""Context: where a measurement comes from. One value, one id, built here and nowhere else.
+
+A context is the workload, its per-rank batch, the cluster spec, and the environment
+really used to measure: the network (``emulated`` = namespaces and tc shaped as the spec
+says; ``unshaped`` = local loopback, the spec's links *not* applied; ``real`` = the job's
+own cluster; ``nominal`` = nothing measured, the spec's numbers), the backend and the
+device. Rows of one context are comparable with each other and with nothing else: the id
+keys profiles, dataset rows, Optuna studies and benchmark rows.
+
+The id of an emulated gloo/CPU context is ``workload|b<batch>|<spec>`` (the form of the
+shipped dataset); any other environment appends ``|<network>|<backend>|<device>``, so an
+unshaped or GPU measurement can never be filed under a shaped CPU one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NETWORKS = ("emulated", "unshaped", "real", "nominal")
+DEFAULT_ENV = ("emulated", "gloo", "cpu")
+
+
+@dataclass(frozen=True)
+class Context:
+    workload: str
+    batch_size: int
+    cluster: str                 # the cluster spec, canonical form (Cluster.spec())
+    network: str = "emulated"    # one of NETWORKS
+    backend: str = "gloo"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.network not in NETWORKS:
+            raise ValueError(f"network {self.network!r} is not one of {', '.join(NETWORKS)}")
+
+    @property
+    def id(self) -> str:
+        base = f"{self.workload}|b{self.batch_size}|{self.cluster}"
+        env = (self.network, self.backend, self.device)
+        return base if env == DEFAULT_ENV else f"{base}|{'|'.join(env)}"
+
+    @property
+    def shaped(self) -> bool:
+        """Whether the measured links are those of the spec (emulated as it says, or the real cluster)."""
+        return self.network in ("emulated", "real")
+
+    @property
+    def label(self) -> str:
+        """How tables and files name where the numbers come from."""
+        if self.network == "emulated":
+            return f"{self.cluster} (emulated, {self.backend}/{self.device})"
+        if self.network == "unshaped":
+            return f"unshaped loopback ({self.cluster}'s links NOT applied, {self.backend}/{self.device})"
+        if self.network == "real":
+            return f"{self.cluster} (real cluster, {self.backend}/{self.device})"
+        return f"{self.cluster} (nominal: not measured)"
+
+    @classmethod
+    def of(cls, workload, batch_size: int, cluster, network: str = "emulated", backend: str = "gloo",
+           device: str = "cpu") -> "Context":
+        """From a workload (name or object), a batch size and a Cluster (or its spec)."""
+        spec = cluster.spec() if hasattr(cluster, "spec") else str(cluster)
+        return cls(str(workload), int(batch_size), spec, network, backend, device)

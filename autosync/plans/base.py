@@ -1,0 +1,163 @@
+"""The three kinds of registry entry: a plan, a compressor, a sync mode.
+
+Each entry is one small object that holds everything autosync knows about one idea:
+
+- its **validation** (which strategy fields it takes, their ranges),
+- its **search space** (what Optuna may choose for it),
+- its **hook body** (what it does to a segment of a DDP bucket on real ranks),
+- its **simulator cost** (seconds, from the profile's ``alpha + beta * bytes`` fits),
+- its **features** (what the learned cost model sees of it).
+
+The hook (:mod:`autosync.executor.hooks`), the simulator (:mod:`autosync.models.simulator`),
+the features (:mod:`autosync.models.features`), the strategy schema and the search space
+iterate over the registry (:mod:`autosync.plans`) and never switch on a name. Entries import
+torch only inside their hook bodies, so the CLI and the cost model load without it.
+
+The hook-side ``comm`` argument is the executor's ``SyncState``: ``pg``, ``world``,
+``rank``, ``ranks_per_host``, ``intra_group``, ``leader_group``, ``global_rank(r)``. The
+simulator-side ``sim`` argument offers ``t(collective, nbytes, scope)``, ``alpha(collective)``,
+``world``, ``nodes``, ``ranks_per_node`` and ``flop_rate``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+from autosync import validation as v
+
+
+class Entry:
+    """What every registry entry has: a name, whether it changes DDP's math, its features."""
+
+    name: ClassVar[str]
+    lossy: ClassVar[bool] = False
+    #: feature name -> value when the entry is not used (features are summed over groups)
+    features: ClassVar[dict[str, float]] = {}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+class PlanDef(Entry):
+    """How the ranks sum one segment (a run of one group's gradients inside a bucket).
+
+    ``fields`` are the optional group fields the plan takes (``partitions``, ``placement``).
+    """
+
+    fields: ClassVar[tuple[str, ...]] = ()
+    needs_hosts: ClassVar[bool] = False       # needs intra-host and host-leader process groups
+    embeddings_only: ClassVar[bool] = False   # only for embedding tables
+    fast_path: ClassVar[bool] = False         # DDP's own async all-reduce can run it (no worker thread)
+
+    # --- schema ------------------------------------------------------------------------------
+    def owner_count(self, partitions: int) -> int:
+        """How many owner (server) ranks a group of this plan has; 0 = none."""
+        return 0
+
+    def fixed_owners(self, partitions: int, world: int) -> tuple[int, ...] | None:
+        """Owners that are not balanced but fixed by the plan itself (None = balance by bytes)."""
+        return None
+
+    # --- search space --------------------------------------------------------------------------
+    def applicable(self, nodes: int, ranks_per_node: int, embedding_group: bool) -> bool:
+        """Whether the search space offers this plan for a group (of embeddings or not) on a cluster."""
+        return not self.embeddings_only or embedding_group
+
+    def suggest(self, trial, prefix: str, world: int) -> dict[str, Any]:
+        """The plan's own group fields, asked of an Optuna trial (parameter names start with ``prefix``)."""
+        return {}
+
+    # --- hook, simulator, features ----------------------------------------------------------------
+    def run(self, comm, t, seg, owners: tuple[int, ...]) -> None:
+        """Sum ``t`` over all ranks, in place (on every rank)."""
+        raise NotImplementedError
+
+    def cost(self, sim, nbytes: float, shapes: list, touched: list[float], owners: tuple[int, ...],
+             elem_size: int) -> float:
+        """Seconds to sum ``nbytes`` of this segment (``shapes``: its tensors; ``touched``: rows used)."""
+        raise NotImplementedError
+
+    def group_features(self, partitions: int, share: float) -> dict[str, float]:
+        """Feature contributions of one group holding ``share`` of the model's bytes."""
+        return {}
+
+
+class CompressorDef(Entry):
+    """What is sent instead of the raw gradient. ``fields`` maps a field name to its default."""
+
+    fields: ClassVar[dict[str, Any]] = {}
+    plans: ClassVar[tuple[str, ...] | None] = None   # the plans it works with; None = every plan
+    identity: ClassVar[bool] = False                 # sends the gradient as it is
+
+    def works_with(self, plan: str) -> bool:
+        return self.plans is None or plan in self.plans
+
+    def parse_field(self, field: str, value: Any, path: str) -> Any:
+        raise NotImplementedError
+
+    def suggest(self, trial, prefix: str) -> dict[str, Any]:
+        return {}
+
+    def make_state(self, comm, group) -> Any:
+        """Per-group state kept across steps (error feedback, PowerSGD's matrices); built on every rank."""
+        return None
+
+    def run(self, comm, flat, seg, state, reduce: Callable[[Any], None]) -> None:
+        """Average ``flat`` over ranks in place; ``reduce(t)`` sums a tensor by the group's plan."""
+        raise NotImplementedError
+
+    def end_step(self, state) -> None:
+        """Called once per backward, after the last bucket."""
+
+    def cost(self, sim, compressor, nbytes: float, shapes: list,
+             plan_cost: Callable[[float, int], float]) -> tuple[float, float]:
+        """(seconds, bytes sent) for a segment of ``nbytes`` fp32 bytes compressed by ``compressor`` (the
+        strategy's value, with its fields); ``plan_cost(bytes, element size)`` prices the group's plan."""
+        raise NotImplementedError
+
+    def group_features(self, compressor, share: float) -> dict[str, float]:
+        return {}
+
+
+class SyncModeDef(Entry):
+    """When ranks synchronize: every step (bsp) or less often. ``fields`` maps a field to (default, lo, hi)."""
+
+    fields: ClassVar[dict[str, tuple[int, int, int]]] = {}
+    needs_hosts: ClassVar[bool] = False
+    allows_zero: ClassVar[bool] = True           # may be combined with ZeroRedundancyOptimizer
+    bypasses_plans: ClassVar[bool] = False       # some steps skip the groups' plans
+
+    def parse(self, raw, path: str) -> dict[str, int]:
+        out = {}
+        for name, (default, lo, hi) in self.fields.items():
+            out[name] = v.integer(f"{path}.{name}", raw.get(name, default), lo, hi)
+        return out
+
+    def suggest(self, trial) -> dict[str, Any]:
+        return {}
+
+    def steps_per_round(self, sync) -> int:
+        """Steps after which the pattern repeats; timed steps are whole rounds, step time their mean."""
+        return 1
+
+    def local_step(self, comm, iteration: int, sync) -> bool:
+        """True when this step's buckets skip the plans and stay inside the host."""
+        return False
+
+    def run_local(self, comm, buffer) -> None:
+        """What a bucket gets on a step where :meth:`local_step` is true."""
+        raise NotImplementedError
+
+    def wrap_optimizer(self, optimizer, sync, process_group):
+        """The optimizer that carries out the mode (e.g. torch's PostLocalSGDOptimizer)."""
+        return optimizer
+
+    def bucket_cost(self, sim, nbytes: float) -> float | None:
+        """Seconds of one bucket when the mode replaces the plans (None: the plans run)."""
+        return None
+
+    def step_cost(self, sim, sync, model_bytes: float) -> float:
+        """Extra seconds per step, not overlapped with backward (amortized averaging)."""
+        return 0.0
+
+    def sync_features(self, sync) -> dict[str, float]:
+        return {}

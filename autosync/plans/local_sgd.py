@@ -1,0 +1,66 @@
+"""``local_sgd {period, warmup_steps}``: torch's post-local SGD (Lin et al. 2020).
+
+For ``warmup_steps`` steps it is bsp. After them, gradients are averaged only inside a host
+(one all-reduce per bucket on the host's ranks), and every ``period`` steps torch's
+``PeriodicModelAverager`` averages the parameters of all ranks::
+
+    bucket cost = t_ar^intra(n)  (several ranks per host; 0 with one)      lossy
+    step cost  += t_ar(M) / period                     (M = the model's bytes, not overlapped)
+
+It cannot be combined with ZeRO (the averager needs whole parameters on every rank).
+"""
+from __future__ import annotations
+
+from autosync.plans.base import SyncModeDef
+
+PERIODS = (2, 4, 8)
+SEARCH_WARMUP_STEPS = 2
+
+
+class LocalSGD(SyncModeDef):
+    name = "local_sgd"
+    lossy = True
+    needs_hosts = True
+    allows_zero = False
+    bypasses_plans = True
+    fields = {"period": (4, 2, 10_000), "warmup_steps": (10, 0, 1_000_000)}
+    features = {"local_sgd": 0.0, "local_period": 1.0}
+
+    def suggest(self, trial) -> dict:
+        return {"warmup_steps": SEARCH_WARMUP_STEPS, "period": trial.suggest_categorical("local_sgd_period", PERIODS)}
+
+    def steps_per_round(self, sync) -> int:
+        return sync.period
+
+    def local_step(self, comm, iteration: int, sync) -> bool:
+        return iteration >= sync.warmup_steps
+
+    def run_local(self, comm, buffer) -> None:
+        """Average ``buffer`` over the ranks of this host only."""
+        import torch.distributed as dist
+
+        if comm.intra_group is not None:
+            dist.all_reduce(buffer, group=comm.intra_group)
+            buffer.div_(comm.ranks_per_host)
+
+    def wrap_optimizer(self, optimizer, sync, process_group):
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+        from torch.distributed.optim import PostLocalSGDOptimizer
+
+        averager = PeriodicModelAverager(period=sync.period, warmup_steps=sync.warmup_steps,
+                                         process_group=process_group)
+        return PostLocalSGDOptimizer(optimizer, averager)
+
+    def bucket_cost(self, sim, nbytes: float) -> float | None:
+        if sim.ranks_per_node > 1 and sim.nodes > 1:
+            return sim.t("all_reduce", nbytes, "intra")
+        return sim.t("all_reduce", nbytes) if sim.nodes == 1 else 0.0
+
+    def step_cost(self, sim, sync, model_bytes: float) -> float:
+        return sim.t("all_reduce", model_bytes) / sync.period
+
+    def sync_features(self, sync) -> dict[str, float]:
+        return {"local_sgd": 1.0, "local_period": float(sync.period)}
+
+
+MODE = LocalSGD()

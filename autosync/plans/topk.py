@@ -1,0 +1,60 @@
+"""``topk {ratio}``: the largest ``ratio`` of the elements (with error feedback), all-gathered as index/value pairs.
+
+    k = ratio * n / 4;  cost = t_ag(W * 12 k) + select(n)          lossy
+
+It works with plan allreduce only. The residual of what was not sent is added back the
+next step (error feedback), per segment.
+"""
+from __future__ import annotations
+
+from autosync import validation as v
+from autosync.plans.base import CompressorDef
+
+RATIOS = (0.001, 0.01, 0.05)
+SELECT_S_PER_ELEMENT = 4e-9      # torch.topk + bookkeeping on one core, measured order of magnitude
+
+
+class TopK(CompressorDef):
+    name = "topk"
+    lossy = True
+    plans = ("allreduce",)
+    fields = {"ratio": 0.01}
+    features = {"frac_comp_topk": 0.0, "topk_ratio": 0.0}
+
+    def parse_field(self, field, value, path):
+        return v.number(path, value, 0.0, 1.0)
+
+    def suggest(self, trial, prefix: str) -> dict:
+        return {"ratio": trial.suggest_categorical(f"{prefix}_topk_ratio", RATIOS)}
+
+    def make_state(self, comm, group):
+        return {"ratio": group.compressor.ratio, "error": {}}
+
+    def run(self, comm, flat, seg, state, reduce) -> None:
+        import torch
+
+        from autosync.plans._torch import all_gather
+
+        corrected = flat + state["error"].get(seg.key, 0)
+        k = max(1, int(state["ratio"] * flat.numel()))
+        idx = corrected.abs().topk(k, sorted=False).indices
+        values = corrected[idx]
+        error = corrected
+        error[idx] = 0
+        state["error"][seg.key] = error
+        all_idx = torch.empty(k * comm.world, dtype=torch.long, device=flat.device)
+        all_val = torch.empty(k * comm.world, dtype=flat.dtype, device=flat.device)
+        all_gather(all_idx, idx, group=comm.pg)
+        all_gather(all_val, values, group=comm.pg)
+        flat.zero_().index_add_(0, all_idx, all_val).div_(comm.world)
+
+    def cost(self, sim, compressor, nbytes, shapes, plan_cost):
+        k = max(1, int(compressor.ratio * nbytes / 4))
+        sent = 12 * k
+        return sim.t("all_gather", sim.world * sent) + nbytes / 4 * SELECT_S_PER_ELEMENT, sent
+
+    def group_features(self, compressor, share: float) -> dict[str, float]:
+        return {"topk_ratio": compressor.ratio * share}
+
+
+COMPRESSOR = TopK()
