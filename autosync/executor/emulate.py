@@ -29,6 +29,7 @@ import subprocess
 import threading
 
 from autosync.cluster import Cluster, Link
+from autosync.errors import UserError
 from autosync.executor.launch import RankPlacement, RankPool
 
 log = logging.getLogger(__name__)
@@ -301,7 +302,7 @@ UNSHAPED_HINT = ("pass --unshaped (Python: unshaped=True) to measure on unshaped
 def emulate(cluster: Cluster, unshaped: bool = False):
     """An EmulatedCluster; or, when the user explicitly asks for ``unshaped``, a LocalCluster.
 
-    Without the rights to emulate it raises EmulationError (never a silent fallback).
+    Without the rights to emulate it raises UserError (one line; never a silent fallback).
     """
     if unshaped:
         log.warning("unshaped: %d ranks on this host's loopback; the links of %s are not applied",
@@ -309,5 +310,5 @@ def emulate(cluster: Cluster, unshaped: bool = False):
         return LocalCluster(cluster)
     ok, why = can_emulate()
     if not ok:
-        raise EmulationError(f"{why}; {UNSHAPED_HINT}")
+        raise UserError(f"cannot emulate {cluster}: {why}; {UNSHAPED_HINT}")
     return EmulatedCluster(cluster)

@@ -33,6 +33,15 @@ CASES = [
     (["profile", "--workload", "mlp", "--cluster", "2x1@1gbit,5s"], "is over 1 s"),
     (["profile", "--workload", "nope", "--cluster", "2x1@1gbit"], "unknown workload 'nope'"),
     (["profile", "--workload", "mlp", "--cluster", "2x1@1gbit", "--timeout", "-1"], "--timeout: expected a positive"),
+    # output paths are checked before any work starts
+    (["profile", "--workload", "mlp", "--cluster", "2x1@1gbit", "--out", "/nonexistent/dir/p.json"],
+     "folder /nonexistent/dir does not exist"),
+    (["profile", "--workload", "mlp", "--cluster", "2x1@1gbit", "--out", "/"], "(it is a folder)"),
+    (["tune", "--workload", "mlp", "--cluster", "2x1@1gbit", "--out", "/nonexistent/s.yaml"], "does not exist"),
+    (["tune", "--workload", "mlp", "--cluster", "2x1@1gbit", "--plot", "/nonexistent/p.png"], "does not exist"),
+    (["evaluate", "--plot", "/nonexistent/t.png"], "does not exist"),
+    (["train", "--out", "/etc/hostname"], "(a file, not a folder)"),
+    (["collect", "--workloads", "mlp", "--clusters", "2x1@1gbit", "--data", "/etc/hostname"], "a file, not a folder"),
     # collect
     (["collect"], "required: --workloads, --clusters"),
     (["collect", "--workloads", "mlp", "--clusters", "2x1"], "expected NODESxRANKS@BANDWIDTH"),
