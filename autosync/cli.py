@@ -464,14 +464,14 @@ def _cmd_tune(args) -> int:
     console = _console()
     if result.measured:
         table = Table(title=f"measured on {profile.context.label} ({workload}, batch {profile.model.batch_size}/rank)")
-        for col in ("source", "strategy", "lossless", "predicted speedup", "status", "samples/s", "vs default"):
+        for col in ("source", "strategy", "lossless", "predicted speedup", "status", "samples/s", "vs default", "by"):
             table.add_column(col, justify="right")
         for m in result.measured:
             vs = (f"{m.samples_per_s / result.default_samples_per_s:.2f}x"
                   if m.status == "ok" and result.default_samples_per_s else "-")
             pred = "-" if math.isnan(m.predicted_speedup) else f"{m.predicted_speedup:.2f}x"
             table.add_row(m.source, m.strategy.hash, "yes" if m.strategy.is_lossless else "no", pred, m.status,
-                          f"{m.samples_per_s:,.1f}" if m.status == "ok" else "-", vs)
+                          f"{m.samples_per_s:,.1f}" if m.status == "ok" else "-", vs, m.worker or "this run")
         console.print(table)
         plot_predicted_vs_measured(result, plot_path)
         console.print(f"plot -> {plot_path}")
@@ -485,6 +485,9 @@ def _cmd_tune(args) -> int:
     console.print(summary, markup=False)
     if result.note:
         console.print(f"note: {result.note}", markup=False)
+    if result.peer_measurements_seen:
+        console.print(f"shared study: proposals learned from {result.peer_measurements_seen} measurement(s) of other "
+                      f"workers", markup=False)
     console.print(f"search overhead {result.search_seconds:.1f} s for {result.candidates_scored} candidates; "
                   f"strategy -> {args.out}", markup=False)
     return 0

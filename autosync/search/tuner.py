@@ -179,8 +179,8 @@ class Tuner:
         """Claim ``strategy`` for measurement; the claim's trial number, or None when another worker has it."""
         token = secrets.token_hex(8)
         self.shared.add_trial(optuna.trial.create_trial(
-            state=optuna.trial.TrialState.RUNNING, user_attrs=self._attrs(strategy, "measured", source=source,
-                                                                          claim=token)))
+            state=optuna.trial.TrialState.RUNNING, user_attrs=self._attrs(
+                strategy, "measured", source=source, claim=token, peer_measurements_seen=self.peer_measurements_seen)))
         same = [t for t in self._measured_trials() if t.user_attrs.get("hash") == strategy.hash]
         mine = next(t for t in same if t.user_attrs.get("claim") == token)
         rivals = [t for t in same if t is not mine and not _stale(t)
@@ -331,9 +331,13 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
     hand = baselines(profile)
     if lossless:
         hand = {k: v for k, v in hand.items() if v.is_lossless}
+    for name, strategy in hand.items():
+        tuner.scored.setdefault(strategy.hash, (float("nan"), strategy))
+    if measure > 0 and tuner.shared_measurements():
+        tuner.refit()   # a study other workers already measured in: start from what they found
     base_scores = dict(zip(hand, tuner.score(list(hand.values()))))
     for name, strategy in hand.items():
-        tuner.scored.setdefault(strategy.hash, (float(base_scores[name]), strategy))
+        tuner.scored[strategy.hash] = (float(base_scores[name]), strategy)
     result_measured: list[Measured] = []
     stored = _stored(store, profile)
 
