@@ -89,15 +89,20 @@ def main() -> None:
                 mine = result.measured_samples_per_s or 0.0
                 own_default = result.default_samples_per_s or default
                 row = (wl, spec, default, best_name, best_base / default, alone / default, mine / own_default,
-                       result.source, time.monotonic() - t0, result.search_seconds)
+                       result.source, time.monotonic() - t0, result.search_seconds,
+                       "lossless" if hand[best_name].is_lossless else "LOSSY",
+                       "lossless" if result.strategy.is_lossless else "LOSSY")
                 rows.append(row)
                 print(f"{wl} {spec}: best base {best_name} {row[4]:.2f}x  optuna {row[5]:.2f}x  autosync {row[6]:.2f}x"
                       f" ({result.source}; search {result.search_seconds:.1f}s)", flush=True)
     lines = [f"# autosync tune vs baselines ({args.measure} measured trials each for Optuna-alone and autosync)", "",
+             "Speedups are in samples/s over the DDP default measured in the same run. A LOSSY strategy changes "
+             "the math (compression, local SGD): what it costs in convergence is NOT measured here, so its "
+             "speedup overstates its speedup in time to a target loss.", "",
              "| workload | cluster | DDP default samples/s | best baseline | best baseline x | Optuna alone x | "
              "autosync x | autosync pick | search overhead s |", "|---|---|---:|---|---:|---:|---:|---|---:|"]
-    lines += [f"| {w} | {c} | {d:,.1f} | {bn} | {b:.2f} | {o:.2f} | {a:.2f} | {src} | {so:.1f} |"
-              for w, c, d, bn, b, o, a, src, _, so in rows]
+    lines += [f"| {w} | {c} | {d:,.1f} | {bn} ({bl}) | {b:.2f} | {o:.2f} | {a:.2f} | {src} ({al}) | {so:.1f} |"
+              for w, c, d, bn, b, o, a, src, _, so, bl, al in rows]
 
     def med(filter_fn, idx):
         vals = [r[idx] for r in rows if filter_fn(r)]

@@ -20,6 +20,7 @@ def test_three_collects_at_once_store_every_row_exactly_once(tmp_path, nothing_l
     store, expected = DatasetStore(tmp_path / "d"), set()
     for spec in ("2x1@10gbit", "2x1@5gbit"):
         profile = nominal_profile(parse_cluster(spec), MODEL)
+        profile.env["network"] = "emulated"  # stands in for the emulated profile, so collect skips profiling
         store.save_profile(profile.context_id, profile.to_dict())
         expected |= {(profile.context_id, s.hash) for _, s in candidates_for(profile, 2, 0)}
     procs = [subprocess.Popen([sys.executable, "-m", "autosync.cli", "collect", "--workloads", MODEL, "--clusters",

@@ -35,7 +35,8 @@ def test_a_killed_a_hung_and_an_aborted_rank_are_recorded_and_the_run_goes_on(co
     """Rank 1 is SIGKILLed in the first trial, hangs in the second, aborts in the third (faulty.py)."""
     workload, cluster, limit = f"{FAULTS}:faults_in_turn", parse_cluster("2x1@10gbit"), 12
     store = DatasetStore(tmp_path / "d")
-    profile = nominal_profile(cluster, workload)  # stored, so the command starts measuring at once
+    profile = nominal_profile(cluster, workload)  # stored as the emulated one, so the command starts measuring at once
+    profile.env["network"] = "emulated"
     store.save_profile(profile.context_id, profile.to_dict())
     argv = (["collect", "--workloads", workload, "--clusters", "2x1@10gbit", "--per-context", "0", "--budget", "0.2"]
             if command == "collect" else

@@ -21,6 +21,7 @@ def _store_with_profile(root, workload, cluster):
     """A dataset folder holding the context's (nominal) profile: the commands start measuring at once."""
     store = DatasetStore(root)
     profile = nominal_profile(parse_cluster(cluster), workload)
+    profile.env["network"] = "emulated"  # stands in for the emulated profile: filed where the commands look
     store.save_profile(profile.context_id, profile.to_dict())
     return store
 
