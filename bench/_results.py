@@ -12,13 +12,13 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def provenance() -> list[str]:
-    """Markdown lines: command, commit (with '+dirty' when the tree has uncommitted changes), date."""
+    """Markdown lines: command, commit (with '+dirty' when code has uncommitted changes; results do not count), date."""
     root = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                                 text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)bench/results"], cwd=root, capture_output=True, text=True).stdout.strip()
         commit += "+dirty" if dirty else ""
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown (not a git checkout)"

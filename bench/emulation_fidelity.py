@@ -1,6 +1,6 @@
 """Configured vs measured bandwidth and latency of the emulated cluster.
 
-For each rate (50 mbit, 100 mbit, 1 gbit, 10 gbit) and latency (0, 1, 10 ms) a 2x1 cluster
+For each rate (50 mbit to 50 gbit) and latency (0, 1, 10 ms) a 2x1 cluster
 is brought up and its links measured with torch.distributed point-to-point transfers and
 a ping-pong (autosync.executor.linkcheck). On a kernel without the netem qdisc, latencies
 above 0 cannot be emulated: those rows say so instead of a figure.
@@ -19,7 +19,7 @@ from _results import RESULTS, write as write_result
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rates", nargs="+", default=["50mbit", "100mbit", "1gbit", "10gbit"])
+    ap.add_argument("--rates", nargs="+", default=["50mbit", "100mbit", "1gbit", "10gbit", "25gbit", "50gbit"])
     ap.add_argument("--latencies", nargs="+", default=["0ms", "1ms", "10ms"])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "emulation_fidelity.md"))
     args = ap.parse_args()

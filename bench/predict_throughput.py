@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from autosync.models.features import FEATURES, featurize
+from autosync.models.features import feature_matrix, featurize
 from autosync.models.ranker import CostModel
 from autosync.models.train import PRETRAINED, SHIPPED_DATA
 from autosync.profiler import Profile
@@ -38,9 +38,10 @@ def main() -> None:
     profile = Profile.from_dict(json.loads(Path(sorted(glob.glob(str(SHIPPED_DATA / "profiles" / "bert*")))[0])
                                            .read_text()))
     strategies = random_strategies(profile, 500, seed=0)
-    X = np.array([[f[n] for n in FEATURES] for f in (featurize(profile, s) for s in strategies)])
+    rows = [featurize(profile, s) for s in strategies]
     for kind in ("ranker", "regressor"):
         model = CostModel.load(PRETRAINED / kind)
+        X = feature_matrix(rows, model.features)   # in the model's own column order
         for n in (1_000, 100_000):
             batch = X[rng.integers(0, len(X), n)]
             lines.append(f"| {kind}: model.predict | {n:,} | {rate(lambda: model.predict(batch), n):,.0f} |")
@@ -48,8 +49,7 @@ def main() -> None:
     model = CostModel.load(PRETRAINED / "regressor")
 
     def end_to_end():
-        feats = [featurize(profile, s) for s in strategies]
-        model.predict(np.array([[f[n] for n in FEATURES] for f in feats]))
+        model.score([featurize(profile, s) for s in strategies])
 
     lines.append(f"| featurize (simulator included) + regressor, bert-mini | {len(strategies)} | "
                  f"{rate(end_to_end, len(strategies), 1):,.0f} |")
