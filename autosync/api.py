@@ -25,6 +25,11 @@ SHIPPED_DATA = Path(__file__).parent / "datasets" / "data"
 
 def resolve_workload(workload_or_model, make_batch: Callable | None = None, batch_size: int | None = None):
     """A workload name, or an nn.Module with its make_batch, checked by one forward call."""
+    return checked_workload(workload_or_model, make_batch, batch_size)[0]
+
+
+def checked_workload(workload_or_model, make_batch: Callable | None = None, batch_size: int | None = None):
+    """(workload, its model): the workload resolved and checked by one forward call, the model built once."""
     from torch import nn
 
     if isinstance(workload_or_model, nn.Module):
@@ -45,7 +50,7 @@ def resolve_workload(workload_or_model, make_batch: Callable | None = None, batc
         w = workload_or_model
     model, mb = workloads.build(w)
     workloads.check_batch(str(w), model, mb, batch_size or workloads.default_batch_size(w))
-    return w
+    return w, model
 
 
 def _cluster(cluster: str | Cluster) -> Cluster:
@@ -165,9 +170,8 @@ def _write(path, write) -> None:
         raise UserError(f"{path}: cannot write ({e.strerror})") from None
 
 
-def check_strategy(strategy: Strategy, workload, world: int, source: str = "strategy") -> None:
-    """Raise UserError unless ``strategy`` fits the workload's parameters and a world of ``world`` ranks."""
-    model, _ = workloads.build(workload)
+def check_strategy(strategy: Strategy, model, world: int, source: str = "strategy") -> None:
+    """Raise UserError unless ``strategy`` fits ``model``'s parameters and a world of ``world`` ranks."""
     strategy.check_world(world)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     try:
@@ -188,12 +192,13 @@ def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | 
     from autosync.executor.launch import RankPool
     from autosync.executor.measure import TrialSpec, measure
 
-    source = str(strategy) if strategy is not None and not isinstance(strategy, Strategy) else "strategy"
     if strategy is None:
         strategy, source = Strategy.default(), "default strategy"
-    elif not isinstance(strategy, Strategy):
-        strategy = load_strategy(strategy)
-    w = resolve_workload(workload, batch_size=batch_size)
+    elif isinstance(strategy, Strategy):
+        source = "strategy"
+    else:
+        strategy, source = load_strategy(strategy), str(strategy)
+    w, model = checked_workload(workload, batch_size=batch_size)
     batch = batch_size or workloads.default_batch_size(w)
     cluster = _cluster(cluster) if cluster is not None else None
     if cluster is not None and nproc is not None and nproc != cluster.world_size:
@@ -204,7 +209,8 @@ def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | 
     world = cluster.world_size if cluster is not None else (nproc or 2)
     if ranks_per_host and world % ranks_per_host:
         raise UserError(f"--ranks-per-host {ranks_per_host} does not divide --nproc {world}")
-    check_strategy(strategy, w, world, source)
+    check_strategy(strategy, model, world, source)
+    del model
     spec = TrialSpec(w, strategy.canonical(), batch, warmup, steps, seed)
     if cluster is not None:
         with emulated(cluster, unshaped) as emu, emu.pool() as pool:

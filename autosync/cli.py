@@ -92,12 +92,12 @@ def _validate_run(args) -> tuple[object, object]:
     import os
 
     from autosync import workloads
-    from autosync.api import check_strategy, resolve_workload
+    from autosync.api import checked_workload, check_strategy
     from autosync.strategy import Strategy, load_strategy
 
     strategy = load_strategy(args.strategy) if args.strategy else Strategy.default()
-    resolve_workload(args.workload, batch_size=args.batch_size)
-    check_strategy(strategy, args.workload, int(os.environ["WORLD_SIZE"]), args.strategy or "default strategy")
+    _, model = checked_workload(args.workload, batch_size=args.batch_size)
+    check_strategy(strategy, model, int(os.environ["WORLD_SIZE"]), args.strategy or "default strategy")
     return strategy, args.batch_size or workloads.default_batch_size(args.workload)
 
 

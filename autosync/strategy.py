@@ -40,7 +40,6 @@ from autosync.validation import number as _number
 
 SCHEMA_VERSION = 1
 SHARDING = ("none", "zero")
-GROUP_FIELDS = ("partitions", "placement")   # optional group fields; each plan says which it takes
 
 
 def _who_takes(kind: str, field_name: str, table: dict) -> str:

@@ -44,7 +44,7 @@ def test_the_cost_model_and_the_registry_import_nothing_from_the_executor():
 def test_the_context_id_is_built_in_one_place():
     built = [f"{p.relative_to(REPO)}:{i}" for p in [*PKG.rglob("*.py"), *(REPO / "bench").rglob("*.py")]
              for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\|b\{", line)]
-    assert built == ["autosync/context.py:" + built[0].split(":")[1]] and len(built) == 1
+    assert [b.split(":")[0] for b in built] == ["autosync/context.py"], built
 
 
 class AllGatherSum(PlanDef):
@@ -105,5 +105,5 @@ def test_every_registry_entry_documents_its_math():
     for entry in (*registry.PLANS.values(), *registry.COMPRESSORS.values(), *registry.SYNC_MODES.values()):
         doc = __import__(type(entry).__module__, fromlist=["_"]).__doc__ or ""
         assert entry.name in doc, f"{type(entry).__module__} does not document {entry.name}"
-        if not isinstance(entry, registry.SyncModeDef) or entry.name != "bsp":
-            assert "cost" in doc or entry.name in ("bsp",), f"{entry.name}: no cost formula in its docstring"
+        if entry.name != "bsp":  # bsp adds nothing to the plans' costs
+            assert "cost" in doc, f"{entry.name}: no cost formula in its docstring"

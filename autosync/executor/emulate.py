@@ -56,7 +56,8 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -74,7 +75,7 @@ def sweep(everything: bool = False) -> list[str]:
     removed = []
     for name in list_namespaces():
         m = _NAME.match(name)
-        if m and not everything and _pid_alive(int(m.group(1))):
+        if m and not everything and pid_alive(int(m.group(1))):
             continue
         if _run("ip", "netns", "delete", name, check=False).returncode == 0:
             removed.append(name)

@@ -112,8 +112,6 @@ def build(store: DatasetStore, df: pd.DataFrame | None = None) -> TrainingSet:
             continue
         part = build_context(profile, ctx)
         if part is not None:
-            part.frame["workload"] = ctx.workload.to_numpy()
-            part.frame["cluster"] = ctx.cluster.to_numpy()
             sets.append(part)
     if not sets:
         raise ValueError("no context with a successful DDP-default measurement, shaped links and a stored profile")

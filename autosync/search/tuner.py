@@ -50,6 +50,7 @@ import optuna
 
 from autosync.datasets.store import DatasetStore
 from autosync.errors import UserError
+from autosync.executor.emulate import pid_alive
 from autosync.executor.launch import RankPool
 from autosync.models import training
 from autosync.models.features import featurize
@@ -175,8 +176,8 @@ class Tuner:
     def _measured_trials(self) -> list[optuna.trial.FrozenTrial]:
         return [t for t in self.shared.get_trials(deepcopy=False) if t.user_attrs.get("kind") == "measured"]
 
-    def claim(self, strategy: Strategy, source: str) -> int | None:
-        """Claim ``strategy`` for measurement; the claim's trial number, or None when another worker has it."""
+    def claim(self, strategy: Strategy, source: str) -> optuna.trial.FrozenTrial | None:
+        """Claim ``strategy`` for measurement; the claim's trial, or None when another worker has it."""
         token = secrets.token_hex(8)
         self.shared.add_trial(optuna.trial.create_trial(
             state=optuna.trial.TrialState.RUNNING, user_attrs=self._attrs(
@@ -189,12 +190,12 @@ class Tuner:
             optuna.trial.Trial(self.shared, mine._trial_id).set_user_attr("kind", "yielded")
             self.shared.tell(mine.number, state=optuna.trial.TrialState.PRUNED)
             return None
-        return mine.number
+        return mine
 
-    def finish(self, number: int, result, reference: float | None) -> None:
+    def finish(self, claim: optuna.trial.FrozenTrial, result, reference: float | None) -> None:
         """Store the outcome of a claimed measurement."""
-        trial_id = next(t._trial_id for t in self.shared.get_trials(deepcopy=False) if t.number == number)
-        handle = optuna.trial.Trial(self.shared, trial_id)
+        number = claim.number
+        handle = optuna.trial.Trial(self.shared, claim._trial_id)
         for key, value in (("samples_per_s", result.samples_per_s), ("status", result.status),
                            ("reason", result.reason[:500]),
                            ("speedup", result.samples_per_s / reference if result.ok and reference else None)):
@@ -219,9 +220,6 @@ class Tuner:
         """Hashes measured or being measured by any worker."""
         return {t.user_attrs.get("hash") for t in self._measured_trials()
                 if t.state != optuna.trial.TrialState.PRUNED and not _stale(t)}
-
-    def shared_hashes(self) -> set[str]:
-        return {t.user_attrs.get("hash") for t in self.shared.get_trials(deepcopy=False)}
 
     # --- proposing ---------------------------------------------------------------------------
     def score(self, strategies: list[Strategy]) -> np.ndarray:
@@ -281,15 +279,7 @@ def _stale(trial: optuna.trial.FrozenTrial) -> bool:
     if trial.state != optuna.trial.TrialState.RUNNING:
         return False
     host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid))
 
 
 def _open_shared(name: str, storage: str, attempts: int = 5) -> optuna.Study:
@@ -342,10 +332,10 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
     stored = _stored(store, profile)
 
     def reference() -> float | None:
-        own = [m.samples_per_s for m in result_measured if m.source == "ddp_default" and m.status == "ok"]
-        peers = [r["samples_per_s"] for r in tuner.shared_measurements()
-                 if r["source"] == "ddp_default" and r["status"] == "ok"]
-        return (own or peers or [None])[0]
+        """The DDP default's samples/s: this run's, else any worker's (one study query, only then)."""
+        own = next((m.samples_per_s for m in result_measured if m.source == "ddp_default" and m.status == "ok"), None)
+        return own if own is not None else next((r["samples_per_s"] for r in tuner.shared_measurements()
+                                                 if r["source"] == "ddp_default" and r["status"] == "ok"), None)
 
     def run(source: str, strategy: Strategy) -> bool:
         """Measure ``strategy`` unless another worker has it; True when this run measured (or had stored) it."""
@@ -359,8 +349,8 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
                              source=source, samples_per_s=row["samples_per_s"], status=row["status"],
                              reason=row["reason"])
         else:
-            number = tuner.claim(strategy, source)
-            if number is None:
+            claim = tuner.claim(strategy, source)
+            if claim is None:
                 log.info("%s %s is measured by another worker", source, strategy.hash)
                 return False
             t = time.monotonic()
@@ -368,7 +358,7 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
             measure_time += time.monotonic() - t
             store.append([trial_row(profile, strategy, source, r)])
             m = Measured(source, strategy, predicted, r.status, r.samples_per_s, r.reason)
-            tuner.finish(number, r, reference() if source != "ddp_default" else r.samples_per_s)
+            tuner.finish(claim, r, reference() if source != "ddp_default" else r.samples_per_s)
         result_measured.append(m)
         if on_measured:
             on_measured(m)
