@@ -298,6 +298,38 @@ def _cmd_collect(args) -> int:
     return 0
 
 
+def _add_efficiency(sub) -> None:
+    p = sub.add_parser(
+        "efficiency", help="measure what lossy strategies cost in convergence (statistical efficiency)",
+        description="For the lossy strategies a dataset's trials hold, train each against the lossless DDP default "
+                    "(paired: same initial weights, data order and learning rate) on loopback ranks, and store its "
+                    "statistical efficiency (samples the default needs to reach a target evaluation loss / samples "
+                    "it needs) in the dataset's efficiency table. The math does not depend on the network, so one "
+                    "measurement serves every cluster with the same world size. Resumes: stored keys are skipped.",
+        epilog="example: autosync efficiency --data autosync-data --workloads mlp --per-group 10")
+    p.add_argument("--data", default="autosync-data", metavar="DIR", help="dataset directory (default ./autosync-data)")
+    p.add_argument("--workloads", nargs="+", default=None, metavar="W", help="only these workloads (default: all)")
+    p.add_argument("--worlds", nargs="+", type=_positive_int, default=None, metavar="N",
+                   help="only these world sizes (default: all)")
+    p.add_argument("--per-group", type=_positive_int, default=10,
+                   help="lossy keys per (workload, batch, world) group (default 10)")
+    p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the order of the keys (default 0)")
+    p.add_argument("--timeout", type=_positive_float, default=1800.0, help="time limit of one training run (s)")
+    p.set_defaults(func=_cmd_efficiency)
+
+
+def _cmd_efficiency(args) -> int:
+    from autosync import efficiency
+
+    store = _data_store(args.data)
+    store.read()  # a damaged dataset is reported before anything runs
+    counts = efficiency.collect(store, args.workloads, args.worlds, args.per_group, args.seed, args.timeout,
+                                progress=lambda text: print(text, file=sys.stderr, flush=True))
+    print(f"efficiency: {counts['ok']} measured, {counts['failed']} failed, {counts['stored']} already stored "
+          f"-> {store.root}")
+    return 0
+
+
 SHIPPED_DATA = "shipped"
 
 
@@ -539,6 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster(sub)
     _add_profile(sub)
     _add_collect(sub)
+    _add_efficiency(sub)
     _add_train(sub)
     _add_evaluate(sub)
     _add_tune(sub)

@@ -262,6 +262,21 @@ class Strategy:
         """True when the strategy computes the same update as plain DDP (up to rounding)."""
         return not self.sync.kind.lossy and not any(g.compressor.lossy for g in self.groups)
 
+    def lossy_key(self) -> str:
+        """The choices that change the math of training: ``"lossless"`` for a lossless strategy, else a
+        stable string of each group's parameters and compressor, the sync mode and its fields, and the
+        bucket size when a compressor's result depends on it (top-k). Plans, placement, sharding and
+        (otherwise) buckets are lossless and do not enter it, so one efficiency measurement serves every
+        strategy with the same key, on every network (statistical efficiency, :mod:`autosync.efficiency`).
+        """
+        if self.is_lossless:
+            return "lossless"
+        groups = [[list(g.match), g.compressor.to_dict()] for g in self.groups]
+        key: dict[str, Any] = {"groups": groups, "sync": self.sync.to_dict()}
+        if any(registry.compressor(g.compressor.name).bucket_dependent for g in self.groups):
+            key["bucket_cap_mb"] = self.fusion.bucket_cap_mb
+        return json.dumps(key, sort_keys=True, separators=(",", ":"))
+
     def check_world(self, world_size: int) -> None:
         """Raise StrategyError if an owner rank does not exist in a world of ``world_size``."""
         for i, g in enumerate(self.groups):

@@ -1,13 +1,21 @@
 """The runtime dataset's schema: one row per measured trial.
 
 Plain data: imported by search and models, importing neither. ``SCHEMA_VERSION`` is
-stored in every row and in the Parquet metadata; a file of another version is refused.
+stored in every row and in the Parquet metadata; a file of an unknown version is refused,
+one of version 1 is read as version 2 (its ``efficiency_key`` computed from its columns).
+
+Version 2 adds ``efficiency_key``: the row's key into the efficiency table
+(``EFFICIENCY_SCHEMA``, one row per measured (workload, batch, world, lossy choices), see
+:mod:`autosync.efficiency`). Reading a dataset joins the efficiency columns onto the trials:
+a lossless strategy has efficiency 1 by definition, a lossy one its measured value, or NaN
+when it has not been measured.
 """
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 KEY = ("context_id", "strategy_hash")
 
 SCHEMA = pa.schema([
@@ -38,6 +46,7 @@ SCHEMA = pa.schema([
     ("strategy_hash", pa.string()),
     ("source", pa.string()),              # baseline name | random | tune
     ("lossless", pa.bool_()),
+    ("efficiency_key", pa.string()),      # v2: workload|b<batch>|w<world>[x<ranks/host>]|<lossy key> (efficiency table)
     # analytical simulator
     ("sim_step_s", pa.float64()),
     ("sim_compute_s", pa.float64()),
@@ -61,3 +70,50 @@ SCHEMA = pa.schema([
 ], metadata={b"autosync_dataset": str(SCHEMA_VERSION).encode()})
 
 COLUMNS = tuple(SCHEMA.names)
+
+# --- the efficiency table: one row per (workload, batch, world, lossy choices), and the reference's seeds ---
+EFFICIENCY_VERSION = 1
+EFFICIENCY_KEY = ("efficiency_key",)
+EFFICIENCY_SCHEMA = pa.schema([
+    ("efficiency_key", pa.string()),
+    ("workload", pa.string()),
+    ("batch_size", pa.int32()),
+    ("world_size", pa.int32()),
+    ("ranks_per_host", pa.int32()),
+    ("lossy_key", pa.string()),           # Strategy.lossy_key(): "lossless" for the reference rows
+    ("strategy", pa.string()),            # the strategy that was trained (one of those sharing the key)
+    ("status", pa.string()),              # ok | failed | timeout
+    ("reason", pa.string()),
+    # protocol
+    ("horizon", pa.int32()), ("eval_every", pa.int32()), ("seed", pa.int32()), ("lr", pa.float64()),
+    ("optimizer", pa.string()), ("protocol", pa.int32()),
+    # result
+    ("efficiency", pa.float64()),         # reported: 1 within the reference's noise band, 0 when L* not reached
+    ("efficiency_raw", pa.float64()),
+    ("efficiency_lo", pa.float64()),
+    ("efficiency_hi", pa.float64()),
+    ("band", pa.float64()),               # the reference's seed-to-seed relative spread of steps to L*
+    ("within_noise", pa.bool_()),
+    ("target_loss", pa.float64()),
+    ("reached_loss", pa.float64()),
+    ("steps_ref", pa.float64()),
+    ("steps_cand", pa.float64()),
+    ("final_eval_loss", pa.float64()),
+    ("final_loss_ratio", pa.float64()),
+    ("final_loss_band", pa.float64()),
+    ("curve", pa.string()),               # JSON: {"steps": [...], "eval_loss": [...]}
+    # online signals (means over the horizon's evaluation steps)
+    ("grad_error", pa.float64()),
+    ("ef_norm", pa.float64()),
+    ("local_drift", pa.float64()),
+    ("grad_noise_scale", pa.float64()),
+    # provenance
+    ("wall_s", pa.float64()),
+    ("torch_version", pa.string()),
+    ("timestamp", pa.float64()),
+    ("schema_version", pa.int32()),
+], metadata={b"autosync_efficiency": str(EFFICIENCY_VERSION).encode()})
+EFFICIENCY_COLUMNS = tuple(EFFICIENCY_SCHEMA.names)
+#: the efficiency columns a read of the trials gets (joined by efficiency_key)
+JOINED = ("efficiency", "efficiency_lo", "efficiency_hi", "within_noise", "final_loss_ratio", "grad_error",
+          "ef_norm", "local_drift", "grad_noise_scale")

@@ -4,6 +4,7 @@ Layout::
 
     DIR/trials.parquet        compacted rows
     DIR/part-*.parquet        rows appended since the last compaction, one file per append
+    DIR/efficiency.parquet    measured statistical efficiencies (and efficiency-part-*.parquet appends)
     DIR/profiles/<ctx>.json   the profile of each context (features are computed from it)
     DIR/.lock                 flock: appends and compaction are serialized across processes
 
@@ -22,19 +23,116 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from autosync.datasets.schema import COLUMNS, KEY, SCHEMA, SCHEMA_VERSION
+from autosync.datasets.schema import (EFFICIENCY_KEY, EFFICIENCY_SCHEMA, EFFICIENCY_VERSION, JOINED, KEY, SCHEMA,
+                                      SCHEMA_VERSION, READABLE_VERSIONS)
 from autosync.errors import UserError
 
 MAIN = "trials.parquet"
+EFFICIENCY_MAIN = "efficiency.parquet"
 COMPACT_EVERY = 64
 
 
 class DatasetError(UserError):
     """A dataset file that is unreadable, truncated, or of another schema version."""
+
+
+class _Table:
+    """One Parquet table of the dataset: a compacted main file plus atomically appended parts."""
+
+    def __init__(self, root: Path, main: str, part_prefix: str, schema: pa.Schema, key: tuple[str, ...],
+                 meta_key: bytes, version: int, readable: tuple[int, ...], upgrade=None):
+        self.root, self.main, self.prefix = root, main, part_prefix
+        self.schema, self.key, self.meta_key = schema, key, meta_key
+        self.columns = tuple(schema.names)
+        self.version, self.readable, self.upgrade = version, readable, upgrade
+
+    def files(self) -> list[Path]:
+        main = self.root / self.main
+        return ([main] if main.exists() else []) + sorted(self.root.glob(f"{self.prefix}-*.parquet"))
+
+    def read_file(self, path: Path) -> pa.Table:
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises many types for damaged files
+            raise DatasetError(f"{path}: unreadable Parquet ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        version = (table.schema.metadata or {}).get(self.meta_key)
+        if version is None:
+            raise DatasetError(f"{path}: not an autosync dataset (no schema version in its metadata)")
+        if not version.decode().isdigit() or int(version.decode()) not in self.readable:
+            raise DatasetError(f"{path}: dataset schema version {version.decode()} is not supported "
+                               f"(this autosync reads version {self.version})")
+        if int(version.decode()) != self.version and self.upgrade is not None:
+            table = self.upgrade(table)
+        missing = [c for c in self.columns if c not in table.column_names]
+        if missing:
+            raise DatasetError(f"{path}: columns missing: {', '.join(missing[:5])}")
+        return table
+
+    def read(self) -> pd.DataFrame:
+        tables = [self.read_file(p) for p in self.files()]
+        if not tables:
+            return pd.DataFrame({c: pd.Series(dtype=self.schema.field(c).type.to_pandas_dtype())
+                                 for c in self.columns})
+        df = pa.concat_tables([t.select(list(self.columns)).cast(self.schema) for t in tables]).to_pandas()
+        return df.drop_duplicates(list(self.key), keep="first").reset_index(drop=True)
+
+    def keys(self) -> set[tuple]:
+        keys: set[tuple] = set()
+        for p in self.files():
+            t = self.read_file(p)
+            keys.update(zip(*(t.column(k).to_pylist() for k in self.key)))
+        return keys
+
+    def write_atomic(self, table: pa.Table, name: str) -> None:
+        tmp = self.root / f".{name}.{secrets.token_hex(4)}.tmp"
+        pq.write_table(table, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.root / name)
+
+    def append_locked(self, rows: list[dict]) -> int:
+        for row in rows:
+            row.setdefault("schema_version", self.version)
+            row.setdefault("timestamp", time.time())
+        stored = self.keys()
+        fresh, seen = [], set()
+        for row in rows:
+            k = tuple(row[c] for c in self.key)
+            if k not in stored and k not in seen:
+                seen.add(k)
+                fresh.append({c: row.get(c) for c in self.columns})
+        if fresh:
+            table = pa.Table.from_pylist(fresh, schema=self.schema)
+            self.write_atomic(table, f"{self.prefix}-{time.time_ns()}-{os.getpid()}-{secrets.token_hex(2)}.parquet")
+        if len(self.files()) > COMPACT_EVERY:
+            self.compact_locked()
+        return len(fresh)
+
+    def compact_locked(self, df: pd.DataFrame | None = None) -> None:
+        files = self.files()
+        if df is None and (not files or files == [self.root / self.main]):
+            return
+        df = self.read() if df is None else df
+        self.write_atomic(pa.Table.from_pandas(df, schema=self.schema, preserve_index=False), self.main)
+        for p in files:
+            if p.name != self.main:
+                p.unlink()
+
+
+def _upgrade_v1(table: pa.Table) -> pa.Table:
+    """A version-1 trials table as version 2: its efficiency keys computed from its columns."""
+    from autosync.efficiency import key as efficiency_key
+    from autosync.strategy import loads_strategy
+
+    cols = {c: table.column(c).to_pylist() for c in ("workload", "batch_size", "world_size", "ranks_per_node",
+                                                       "strategy")}
+    keys = [efficiency_key(w, b, n, r, loads_strategy(s)) for w, b, n, r, s in zip(*cols.values())]
+    return table.append_column("efficiency_key", pa.array(keys, pa.string()))
 
 
 class DatasetStore:
@@ -44,6 +142,10 @@ class DatasetStore:
             (self.root / "profiles").mkdir(parents=True, exist_ok=True)
         elif not self.root.is_dir():
             raise DatasetError(f"{self.root}: no dataset here (not a directory)")
+        self._trials = _Table(self.root, MAIN, "part", SCHEMA, KEY, b"autosync_dataset", SCHEMA_VERSION,
+                              READABLE_VERSIONS, _upgrade_v1)
+        self._efficiency = _Table(self.root, EFFICIENCY_MAIN, "efficiency-part", EFFICIENCY_SCHEMA, EFFICIENCY_KEY,
+                                  b"autosync_efficiency", EFFICIENCY_VERSION, (EFFICIENCY_VERSION,))
 
     # --- locking -------------------------------------------------------------------------
     @contextmanager
@@ -55,98 +157,78 @@ class DatasetStore:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    # --- reading -------------------------------------------------------------------------
+    # --- trials --------------------------------------------------------------------------
     def _files(self) -> list[Path]:
-        main = self.root / MAIN
-        return ([main] if main.exists() else []) + sorted(self.root.glob("part-*.parquet"))
+        return self._trials.files()
 
-    @staticmethod
-    def _read_file(path: Path) -> pa.Table:
-        try:
-            table = pq.read_table(path)
-        except Exception as e:  # noqa: BLE001 - pyarrow raises many types for damaged files
-            raise DatasetError(f"{path}: unreadable Parquet ({type(e).__name__}: {str(e).splitlines()[0]})") from None
-        version = (table.schema.metadata or {}).get(b"autosync_dataset")
-        if version is None:
-            raise DatasetError(f"{path}: not an autosync dataset (no schema version in its metadata)")
-        if version.decode() != str(SCHEMA_VERSION):
-            raise DatasetError(f"{path}: dataset schema version {version.decode()} is not supported "
-                               f"(this autosync reads version {SCHEMA_VERSION})")
-        missing = [c for c in COLUMNS if c not in table.column_names]
-        if missing:
-            raise DatasetError(f"{path}: columns missing: {', '.join(missing[:5])}")
-        return table
+    def _read_file(self, path: Path) -> pa.Table:
+        return self._trials.read_file(path)
 
-    def read(self) -> pd.DataFrame:
-        """Every stored row once (the first stored wins), in storage order."""
-        tables = [self._read_file(p) for p in self._files()]
-        if not tables:
-            return pd.DataFrame({c: pd.Series(dtype=SCHEMA.field(c).type.to_pandas_dtype()) for c in COLUMNS})
-        df = pa.concat_tables([t.select(list(COLUMNS)).cast(SCHEMA) for t in tables]).to_pandas()
-        return df.drop_duplicates(list(KEY), keep="first").reset_index(drop=True)
+    def read(self, efficiency: bool = True) -> pd.DataFrame:
+        """Every stored trial once (the first stored wins), in storage order; with ``efficiency``, the
+        efficiency columns joined (lossless: 1 by definition; lossy and unmeasured: NaN)."""
+        df = self._trials.read()
+        if not efficiency:
+            return df
+        eff = self.read_efficiency()
+        eff = eff[eff.status == "ok"].set_index("efficiency_key")
+        for c in JOINED:
+            df[c] = df.efficiency_key.map(eff[c]) if len(eff) else np.nan
+        lossless = df.lossless.astype(bool)
+        for c, v in (("efficiency", 1.0), ("efficiency_lo", 1.0), ("efficiency_hi", 1.0), ("within_noise", True),
+                     ("final_loss_ratio", 1.0)):
+            df[c] = df[c].astype(object).where(~lossless, v)
+        for c in JOINED:
+            if c != "within_noise":
+                df[c] = df[c].astype(float)
+        return df
 
     def keys(self) -> set[tuple[str, str]]:
-        keys: set[tuple[str, str]] = set()
-        for p in self._files():
-            t = self._read_file(p)
-            keys.update(zip(t.column("context_id").to_pylist(), t.column("strategy_hash").to_pylist()))
-        return keys
-
-    # --- writing -------------------------------------------------------------------------
-    def _write_atomic(self, table: pa.Table, name: str) -> None:
-        tmp = self.root / f".{name}.{secrets.token_hex(4)}.tmp"
-        pq.write_table(table, tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.root / name)
+        return self._trials.keys()
 
     def append(self, rows: list[dict]) -> int:
         """Store the rows whose (context_id, strategy_hash) is new; return how many were stored."""
         if not rows:
             return 0
         for row in rows:
-            row.setdefault("schema_version", SCHEMA_VERSION)
-            row.setdefault("timestamp", time.time())
+            if "efficiency_key" not in row:
+                from autosync.efficiency import key as efficiency_key
+                from autosync.strategy import loads_strategy
+
+                row["efficiency_key"] = efficiency_key(row["workload"], row["batch_size"], row["world_size"],
+                                                       row["ranks_per_node"], loads_strategy(row["strategy"]))
         with self._locked():
-            stored = self.keys()
-            fresh, seen = [], set()
-            for row in rows:
-                key = (row["context_id"], row["strategy_hash"])
-                if key not in stored and key not in seen:
-                    seen.add(key)
-                    fresh.append({c: row.get(c) for c in COLUMNS})
-            if fresh:
-                table = pa.Table.from_pylist(fresh, schema=SCHEMA)
-                self._write_atomic(table, f"part-{time.time_ns()}-{os.getpid()}-{secrets.token_hex(2)}.parquet")
-            if len(self._files()) > COMPACT_EVERY:
-                self._compact_locked()
-        return len(fresh)
+            return self._trials.append_locked(rows)
 
     def compact(self) -> None:
-        """Merge every part into trials.parquet (atomically), dropping duplicates."""
+        """Merge every part into trials.parquet (and efficiency.parquet), atomically, dropping duplicates."""
         with self._locked():
-            self._compact_locked()
+            self._trials.compact_locked()
+            self._efficiency.compact_locked()
 
     def remove(self, keys: set[tuple[str, str]]) -> int:
         """Delete the rows with these (context_id, strategy_hash) keys, e.g. to measure them again; returns how
         many were deleted. Rewrites trials.parquet atomically, then drops the parts: a crash in between leaves
         the rows stored (nothing else is lost), and the same call can be made again."""
         with self._locked():
-            df = self.read()
+            df = self._trials.read()
             gone = [k in keys for k in zip(df.context_id, df.strategy_hash)]
             if any(gone):
-                self._compact_locked(df[[not g for g in gone]])
+                self._trials.compact_locked(df[[not g for g in gone]])
             return sum(gone)
 
-    def _compact_locked(self, df: pd.DataFrame | None = None) -> None:
-        files = self._files()
-        if df is None and (not files or files == [self.root / MAIN]):
-            return
-        df = self.read() if df is None else df
-        self._write_atomic(pa.Table.from_pandas(df, schema=SCHEMA, preserve_index=False), MAIN)
-        for p in files:
-            if p.name != MAIN:
-                p.unlink()
+    # --- efficiency ----------------------------------------------------------------------
+    def read_efficiency(self) -> pd.DataFrame:
+        """Every stored efficiency measurement (and reference curve) once."""
+        return self._efficiency.read()
+
+    def efficiency_rows(self) -> dict[str, dict]:
+        df = self.read_efficiency()
+        return {r["efficiency_key"]: r for r in df.to_dict("records")}
+
+    def append_efficiency(self, rows: list[dict]) -> int:
+        with self._locked():
+            return self._efficiency.append_locked(rows)
 
     # --- profiles ------------------------------------------------------------------------
     def profile_path(self, context_id: str) -> Path:

@@ -149,6 +149,11 @@ class SyncState:
                     c.end_step(state)
         return buffer
 
+    def error_norm(self) -> float:
+        """The norm of every compressor's error-feedback residual on this rank (0 with none)."""
+        norms = [c.error_norm(st) for c, st in zip(self.compressors, self.compressor_states)]
+        return sum(n ** 2 for n in norms if n is not None) ** 0.5
+
     def submit(self, fn, *args) -> torch.futures.Future:
         fut: torch.futures.Future = torch.futures.Future()
 

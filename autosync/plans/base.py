@@ -87,6 +87,9 @@ class CompressorDef(Entry):
     fields: ClassVar[dict[str, Any]] = {}
     plans: ClassVar[tuple[str, ...] | None] = None   # the plans it works with; None = every plan
     identity: ClassVar[bool] = False                 # sends the gradient as it is
+    #: its math depends on how gradients are cut into buckets (e.g. top-k over a segment), so the
+    #: bucket size enters the strategy's lossy key (:meth:`autosync.strategy.Strategy.lossy_key`)
+    bucket_dependent: ClassVar[bool] = False
 
     def works_with(self, plan: str) -> bool:
         return self.plans is None or plan in self.plans
@@ -116,6 +119,10 @@ class CompressorDef(Entry):
 
     def group_features(self, compressor, share: float) -> dict[str, float]:
         return {}
+
+    def error_norm(self, state) -> float | None:
+        """The norm of the error-feedback residual this rank holds (None: no error feedback)."""
+        return None
 
 
 class SyncModeDef(Entry):

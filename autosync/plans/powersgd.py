@@ -87,5 +87,9 @@ class PowerSGD(CompressorDef):
     def group_features(self, compressor, share: float) -> dict[str, float]:
         return {"powersgd_rank": compressor.rank * share}
 
+    def error_norm(self, state) -> float | None:
+        errors = state["torch"].error_dict.values()
+        return sum(float(e.float().norm()) ** 2 for e in errors) ** 0.5
+
 
 COMPRESSOR = PowerSGD()

@@ -19,6 +19,7 @@ class TopK(CompressorDef):
     lossy = True
     plans = ("allreduce",)
     fields = {"ratio": 0.01}
+    bucket_dependent = True      # the top k are chosen per segment of a bucket
     features = {"frac_comp_topk": 0.0, "topk_ratio": 0.0}
 
     def parse_field(self, field, value, path):
@@ -55,6 +56,9 @@ class TopK(CompressorDef):
 
     def group_features(self, compressor, share: float) -> dict[str, float]:
         return {"topk_ratio": compressor.ratio * share}
+
+    def error_norm(self, state) -> float | None:
+        return sum(float(e.float().norm()) ** 2 for e in state["error"].values()) ** 0.5
 
 
 COMPRESSOR = TopK()

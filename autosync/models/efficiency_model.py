@@ -1,0 +1,149 @@
+"""The efficiency model: predict a lossy strategy's statistical efficiency (LightGBM).
+
+Trained on the dataset's efficiency table (:mod:`autosync.efficiency`): one row per measured
+(workload, batch, world, lossy choices). Its features are what changes the math and what
+describes the workload, never the network (efficiency does not depend on it):
+
+- the strategy's registry features that concern compression and sync modes (shares of the
+  model's bytes per compressor, PowerSGD rank and top-k ratio weighted by share, local-SGD
+  period) and the bytes it sends relative to the model (``compression``);
+- the workload: log parameter count, embedding share, log per-rank batch, world size, and
+  the log gradient noise scale measured on the reference runs (McCandlish et al. 2018), the
+  one online signal known before a candidate is trained.
+
+The target is the measured efficiency (0 = never reached the target loss), clipped to
+[0, 1.25]. Lossless strategies are 1 by definition and never predicted. Predicted goodput =
+predicted speedup x predicted efficiency.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from autosync import plans as registry
+from autosync.models.features import featurize
+from autosync.strategy import Strategy
+
+_LOSSY_FEATURES = [f for f in registry.feature_defaults()
+                   if f.startswith("frac_comp_") or any(f in e.features for e in
+                                                        (*registry.COMPRESSORS.values(), *registry.SYNC_MODES.values()))]
+EFF_FEATURES = ["log_params", "embedding_frac", "log_batch", "world_size", "log_noise_scale", "compression",
+                *dict.fromkeys(_LOSSY_FEATURES)]
+PARAMS = dict(objective="regression", n_estimators=200, learning_rate=0.05, num_leaves=7, min_child_samples=3,
+              subsample=0.8, subsample_freq=1, verbose=-1, n_jobs=1)
+CLIP = (0.0, 1.25)
+
+
+def features(profile, strategy: Strategy, noise_scale: float) -> dict[str, float]:
+    """The efficiency model's features of one candidate (``profile``: any profile of the workload and batch)."""
+    f = featurize(profile, strategy)
+    out = {k: f[k] for k in EFF_FEATURES if k in f}
+    out["log_batch"] = math.log2(max(profile.model.batch_size, 1))
+    out["world_size"] = profile.cluster.world_size
+    out["log_noise_scale"] = math.log10(noise_scale) if noise_scale and noise_scale > 0 else float("nan")
+    return out
+
+
+def noise_scales(eff: pd.DataFrame) -> dict[tuple[str, int, int], float]:
+    """The reference runs' gradient noise scale per (workload, batch, world)."""
+    ref = eff[(eff.lossy_key == "lossless") & (eff.status == "ok")]
+    return {k: float(g.grad_noise_scale.mean()) for k, g in ref.groupby(["workload", "batch_size", "world_size"])}
+
+
+def training_rows(store) -> tuple[pd.DataFrame, np.ndarray]:
+    """(frame of measured lossy rows: workload, efficiency; feature matrix) from a store's efficiency table,
+    each row featurized with a stored profile of the same workload, batch and world."""
+    from autosync.profiler import Profile
+
+    eff = store.read_efficiency()
+    scales = noise_scales(eff)
+    lossy = eff[(eff.lossy_key != "lossless") & (eff.status == "ok")]
+    trials = store.read(efficiency=False)[["context_id", "workload", "batch_size", "world_size"]].drop_duplicates()
+    profiles: dict[tuple, object] = {}
+    rows, feats = [], []
+    for r in lossy.to_dict("records"):
+        k = (r["workload"], int(r["batch_size"]), int(r["world_size"]))
+        if k not in profiles:
+            ctx = trials[(trials.workload == k[0]) & (trials.batch_size == k[1]) & (trials.world_size == k[2])]
+            raw = next((d for d in (store.load_profile_dict(c) for c in ctx.context_id) if d), None)
+            profiles[k] = Profile.from_dict(raw) if raw else None
+        if profiles[k] is None:
+            continue
+        feats.append(features(profiles[k], Strategy.from_dict(json.loads(r["strategy"])), scales.get(k, float("nan"))))
+        rows.append({"workload": r["workload"], "efficiency": float(np.clip(r["efficiency"], *CLIP)),
+                     "efficiency_key": r["efficiency_key"]})
+    X = np.array([[f[n] for n in EFF_FEATURES] for f in feats], dtype=np.float64).reshape(len(feats), len(EFF_FEATURES))
+    return pd.DataFrame(rows, columns=["workload", "efficiency", "efficiency_key"]), X
+
+
+@dataclass
+class EfficiencyModel:
+    """LightGBM on measured efficiencies; with fewer than ``min_rows`` rows, the mean of what was measured
+    (and 1.0 with none: then nothing is known, and the tuner measures lossy finalists before trusting them)."""
+
+    booster: object = None
+    prior: float = 1.0
+    rows: int = 0
+    card: dict = field(default_factory=dict)
+    min_rows: int = 8
+
+    def fit(self, X: np.ndarray, y: np.ndarray, seed: int = 0) -> "EfficiencyModel":
+        import lightgbm as lgb
+
+        self.rows = len(y)
+        self.prior = float(np.mean(y)) if len(y) else 1.0
+        self.booster = None
+        if len(y) >= self.min_rows:
+            model = lgb.LGBMRegressor(**PARAMS, random_state=seed)
+            model.fit(X, y, feature_name=EFF_FEATURES)
+            self.booster = model.booster_
+        self.card = {"features": EFF_FEATURES, "rows": self.rows, "prior": self.prior,
+                     "hyper_parameters": PARAMS}
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64).reshape(-1, len(EFF_FEATURES))
+        if self.booster is None:
+            return np.full(len(X), self.prior)
+        return np.clip(self.booster.predict(X, num_threads=1), *CLIP)
+
+    def score(self, profile, strategies: list[Strategy], noise_scale: float) -> np.ndarray:
+        """Predicted efficiency per strategy; 1 for lossless ones."""
+        out = np.ones(len(strategies))
+        lossy = [i for i, s in enumerate(strategies) if not s.is_lossless]
+        if lossy:
+            X = np.array([[features(profile, strategies[i], noise_scale)[n] for n in EFF_FEATURES] for i in lossy])
+            out[lossy] = self.predict(X)
+        return out
+
+
+def fit_store(store, seed: int = 0) -> EfficiencyModel:
+    frame, X = training_rows(store)
+    return EfficiencyModel().fit(X, frame.efficiency.to_numpy(), seed)
+
+
+def evaluate(store, seed: int = 0) -> dict:
+    """Leave one workload out: MAE and Spearman of the model against predicting the training mean."""
+    from scipy.stats import spearmanr
+
+    frame, X = training_rows(store)
+    y = frame.efficiency.to_numpy()
+    per, preds, means = {}, np.zeros(len(y)), np.zeros(len(y))
+    for w in sorted(frame.workload.unique()):
+        test = (frame.workload == w).to_numpy()
+        m = EfficiencyModel().fit(X[~test], y[~test], seed)
+        preds[test] = m.predict(X[test])
+        means[test] = y[~test].mean() if (~test).any() else 1.0
+        per[w] = {"rows": int(test.sum()), "mae": float(np.abs(preds[test] - y[test]).mean()),
+                  "mae_mean_baseline": float(np.abs(means[test] - y[test]).mean())}
+    rho = spearmanr(preds, y).statistic if len(y) > 2 and np.std(y) > 0 else float("nan")
+    return {"rows": int(len(y)), "workloads": len(per), "mae": float(np.abs(preds - y).mean()) if len(y) else None,
+            "mae_mean_baseline": float(np.abs(means - y).mean()) if len(y) else None,
+            "spearman": None if rho != rho else float(rho), "per_workload": per,
+            "measured_efficiency": {"min": float(y.min()) if len(y) else None,
+                                    "median": float(np.median(y)) if len(y) else None,
+                                    "share_below_0.95": float((y < 0.95).mean()) if len(y) else None}}
