@@ -89,11 +89,14 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
              storage: str = DEFAULT_STORAGE, data: str | Path = "autosync-data", batch_size: int | None = None,
              model_path: str | Path | None = None, seed: int = 0, candidates: int = 500,
              settings=None, on_measured=None, status=None, profile_path: str | Path | None = None,
-             unshaped: bool = False):
+             unshaped: bool = False, objective: str | None = None, confirm_rounds: int = 3, finalists: int = 3):
     """Tune ``workload`` on ``cluster``; ``profile_path`` (from `autosync profile`) replaces profiling.
 
-    Returns ``(TuneResult, Profile)``.
+    ``objective``: ``time-to-loss`` (default; ``lossless`` when ``lossless``), ``throughput`` or ``lossless``
+    (see :func:`autosync.search.tuner.tune`). Returns ``(TuneResult, Profile)``.
     """
+    from autosync.efficiency import EfficiencyMeter
+    from autosync.models.efficiency_model import EfficiencyModel, fit_store
     from autosync.executor.launch import TrialFailure
     from autosync.models import training
     from autosync.profiler.profile import nominal_profile
@@ -105,23 +108,39 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
     model = load_model(model_path)
     batch = batch_size or workloads.default_batch_size(workload)
     given = _given_profile(profile_path, Context.of(workload, batch, cluster)) if profile_path else None
+    objective = objective or ("lossless" if lossless else "time-to-loss")
     store = DatasetStore(data)
-    base = training.build(DatasetStore(SHIPPED_DATA, create=False)) if (SHIPPED_DATA / "profiles").is_dir() else None
+    shipped = DatasetStore(SHIPPED_DATA, create=False) if (SHIPPED_DATA / "profiles").is_dir() else None
+    base = training.build(shipped) if shipped else None
+    eff_model, meter = None, None
+    if objective == "time-to-loss":
+        try:
+            eff_model = fit_store(shipped) if shipped else EfficiencyModel()
+        except ValueError:
+            eff_model = EfficiencyModel()
+        meter = EfficiencyMeter(store, workload, batch, cluster.world_size, cluster.ranks_per_node,
+                                also=[shipped] if shipped else [], progress=status)
+    noise = meter.noise_scale() if meter else float("nan")
+    extra = dict(objective=objective, efficiency_model=eff_model, noise_scale=noise, meter=meter,
+                 confirm_rounds=confirm_rounds, finalists=finalists, on_progress=status)
     if measure == 0:
         if status and given is None:
             status("profiling the model (nominal network)")
         profile = given or nominal_profile(cluster, workload, batch)
         return _tune_loop(profile, model, 0, store, storage, None, base, lossless, seed, candidates,
-                          settings=settings), profile
+                          settings=settings, **extra), profile
     try:
         with emulated(cluster, unshaped) as emu, emu.pool() as pool:
             profile = given if given is not None else context_profile(store, pool, cluster, workload, batch, status)
             if status:
                 status(f"tuning: {measure} measured trials")
             result = _tune_loop(profile, model, measure, store, storage, pool, base, lossless, seed, candidates,
-                                settings=settings, on_measured=on_measured, workload=workload)
+                                settings=settings, on_measured=on_measured, workload=workload, **extra)
     except TrialFailure as f:
         raise UserError(f"profiling failed ({f.status}): {f.reason}") from None
+    finally:
+        if meter is not None:
+            meter.close()
     return result, profile
 
 
@@ -243,11 +262,12 @@ def collect(workload_names: list[str], clusters: list[str | Cluster], data: str 
 def tune(workload_or_model, make_batch: Callable | None = None, cluster: str | Cluster = "2x1@1gbit",
          measure: int = 8, lossless: bool = False, storage: str = DEFAULT_STORAGE, batch_size: int | None = None,
          data: str | Path = "autosync-data", seed: int = 0, out: str | Path | None = None,
-         unshaped: bool = False) -> Strategy:
+         unshaped: bool = False, objective: str | None = None, confirm_rounds: int = 3) -> Strategy:
     """Find a synchronization strategy for a workload (a name) or a model (with make_batch) on a cluster.
 
     Measures ``measure`` strategies for real on the emulated ``cluster`` (0 = predict only)
-    and returns the recommendation; ``out`` also writes it as a strategy file (its folder is
+    and returns the recommendation, by ``objective``: ``time-to-loss`` (the default: samples/s x
+    statistical efficiency, measured for lossy finalists), ``throughput`` or ``lossless``; ``out`` also writes it as a strategy file (its folder is
     checked first). Without the rights to emulate it refuses, unless ``unshaped=True``.
     """
     from autosync.search.tuner import strategy_file_text
@@ -256,7 +276,8 @@ def tune(workload_or_model, make_batch: Callable | None = None, cluster: str | C
     if out:
         check_output(out, "strategy file")
     w = resolve_workload(workload_or_model, make_batch, batch_size)
-    result, prof = run_tune(w, cluster, measure, lossless, storage, data, batch_size, seed=seed, unshaped=unshaped)
+    result, prof = run_tune(w, cluster, measure, lossless, storage, data, batch_size, seed=seed, unshaped=unshaped,
+                            objective=objective, confirm_rounds=confirm_rounds)
     if out:
         _write(out, lambda p: Path(p).write_text(strategy_file_text(result, prof)))
     return result.strategy

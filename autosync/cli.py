@@ -325,7 +325,8 @@ def _cmd_efficiency(args) -> int:
     store.read()  # a damaged dataset is reported before anything runs
     counts = efficiency.collect(store, args.workloads, args.worlds, args.per_group, args.seed, args.timeout,
                                 progress=lambda text: print(text, file=sys.stderr, flush=True))
-    print(f"efficiency: {counts['ok']} measured, {counts['failed']} failed, {counts['stored']} already stored "
+    print(f"efficiency: {counts['ok']} measured, {counts['failed'] + counts['timeout']} failed, {counts['flat']} with a "
+          f"reference too flat to measure, {counts['stored']} already stored "
           f"-> {store.root}")
     return 0
 
@@ -442,8 +443,16 @@ def _add_tune(sub) -> None:
     p.add_argument("--measure", type=_non_negative_int, default=8,
                    help="strategies to measure for real, references included (default 8; 0 = predict only, "
                         "for a cluster you do not have)")
-    p.add_argument("--lossless", action="store_true", help="only strategies that keep DDP's math (no compression, "
-                                                             "no local SGD)")
+    p.add_argument("--objective", choices=["time-to-loss", "throughput", "lossless"], default=None,
+                   help="what to optimize: time-to-loss (default) = samples/s x statistical efficiency, with the "
+                        "efficiency of lossy finalists measured against the DDP default before they can be picked; "
+                        "throughput = samples/s, blind to what lossy strategies cost in convergence; lossless = "
+                        "samples/s among strategies that keep DDP's math")
+    p.add_argument("--lossless", action="store_true", help="the same as --objective lossless")
+    p.add_argument("--confirm-rounds", type=_non_negative_int, default=3,
+                   help="re-measure the two best and the DDP default interleaved this many rounds and pick by "
+                        "medians; a winner must beat the runner-up beyond the spread, else the simpler wins "
+                        "(default 3; 0 = off)")
     p.add_argument("--storage", type=_storage_url, default="sqlite:///autosync-tune.db", metavar="URL",
                    help="Optuna storage; share a PostgreSQL URL between workers (default sqlite:///autosync-tune.db)")
     p.add_argument("--out", default="strategy.yaml", metavar="FILE", help="recommended strategy (default strategy.yaml)")
@@ -475,11 +484,14 @@ def _cmd_tune(args) -> int:
     from autosync.api import resolve_workload, run_tune
     from autosync.outputs import check_output
     from autosync.search.trials import TrialSettings
-    from autosync.search.tuner import plot_predicted_vs_measured, strategy_file_text
+    from autosync.search.tuner import measured_rows, plot_predicted_vs_measured, strategy_file_text
 
     check_output(args.out, "strategy file")
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
     check_output(plot_path, "plot")
+    if args.lossless and args.objective not in (None, "lossless"):
+        raise UserError(f"--lossless contradicts --objective {args.objective}")
+    objective = "lossless" if args.lossless else (args.objective or "time-to-loss")
     workload = resolve_workload(args.workload or args.model, batch_size=args.batch_size)
     err = Console(stderr=True)
     with err.status("starting") as status:
@@ -487,34 +499,44 @@ def _cmd_tune(args) -> int:
             err.print(f"  measured {m.source:<18} {m.strategy.hash}  {m.status:<7} {m.samples_per_s:10,.1f} samples/s"
                       + (f"  ({m.reason})" if m.reason else ""), markup=False, highlight=False)
 
-        result, profile = run_tune(workload, args.cluster, args.measure, args.lossless, args.storage, args.data,
-                                   args.batch_size, args.cost_model, args.seed, args.candidates,
+        result, profile = run_tune(workload, args.cluster, args.measure, objective == "lossless", args.storage,
+                                   args.data, args.batch_size, args.cost_model, args.seed, args.candidates,
                                    on_measured=on_measured, status=lambda text: status.update(text),
                                    profile_path=args.profile, settings=TrialSettings(timeout_s=args.timeout),
-                                   unshaped=args.unshaped)
+                                   unshaped=args.unshaped, objective=objective, confirm_rounds=args.confirm_rounds)
     Path(args.out).write_text(strategy_file_text(result, profile))
     console = _console()
     if result.measured:
-        table = Table(title=f"measured on {profile.context.label} ({workload}, batch {profile.model.batch_size}/rank)")
-        for col in ("source", "strategy", "lossless", "predicted speedup", "status", "samples/s", "vs default", "by"):
+        table = Table(title=f"measured on {profile.context.label} ({workload}, batch {profile.model.batch_size}/rank; "
+                            f"objective {result.objective})")
+        for col in ("source", "strategy", "lossy?", "predicted", "status", "samples/s", "+-spread", "speedup",
+                    "efficiency", "time to target", "by"):
             table.add_column(col, justify="right")
-        for m in result.measured:
-            vs = (f"{m.samples_per_s / result.default_samples_per_s:.2f}x"
-                  if m.status == "ok" and result.default_samples_per_s else "-")
-            pred = "-" if math.isnan(m.predicted_speedup) else f"{m.predicted_speedup:.2f}x"
-            table.add_row(m.source, m.strategy.hash, "yes" if m.strategy.is_lossless else "no", pred, m.status,
-                          f"{m.samples_per_s:,.1f}" if m.status == "ok" else "-", vs, m.worker or "this run")
+        for r in measured_rows(result):
+            pred = "-" if math.isnan(r["predicted_speedup"]) else f"{r['predicted_speedup']:.2f}x"
+            tt = (f"{r['time_speedup']:.2f}x" + (" (pred.)" if r["time_speedup_predicted"] else "")
+                  if r["time_speedup"] else "-")
+            table.add_row(r["source"], r["hash"], r["lossy"], pred, r["status"],
+                          f"{r['samples_per_s']:,.1f}" if r["samples_per_s"] else "-",
+                          f"{r['spread'] / 2:.0%} ({r['rounds']})" if r["spread"] is not None else "-",
+                          f"{r['speedup']:.2f}x" if r["speedup"] else "-", r["efficiency"], tt,
+                          r["worker"] or "this run")
         console.print(table)
         plot_predicted_vs_measured(result, plot_path)
         console.print(f"plot -> {plot_path}")
-    summary = f"recommended: {result.source} ({result.strategy.hash})"
+    summary = f"recommended: {result.source} ({result.strategy.hash}, {'LOSSY' if result.pick and result.pick.lossy else 'lossless'})"
     if result.speedup_over_default:
-        summary += f", {result.speedup_over_default:.2f}x the DDP default"
+        summary += f", {result.speedup_over_default:.2f}x the DDP default per step"
+        tt = result.time_speedup(result.pick) if result.pick else None
+        if result.pick and result.pick.lossy and tt:
+            summary += f", {tt:.2f}x to the target loss (efficiency {result.pick.efficiency:.2f})"
     if result.speedup_over_best_baseline:
         summary += f", {result.speedup_over_best_baseline:.2f}x the best baseline ({result.best_baseline[0]})"
     if not math.isnan(result.predicted_speedup):
         summary += f"; predicted {result.predicted_speedup:.2f}x"
     console.print(summary, markup=False)
+    if result.why:
+        console.print(f"why not the fastest per step: {result.why}", markup=False)
     if result.note:
         console.print(f"note: {result.note}", markup=False)
     if result.peer_measurements_seen:

@@ -330,8 +330,9 @@ class EfficiencyMeter:
 
     def __init__(self, store, workload, batch_size: int, world: int, ranks_per_host: int = 1,
                  horizon: int | None = None, eval_every: int = DEFAULT_EVAL_EVERY, lr: float = 1e-3,
-                 optimizer: str = "adam", timeout_s: float = 1800.0, pool=None, progress=None):
+                 optimizer: str = "adam", timeout_s: float = 1800.0, pool=None, progress=None, also=()):
         self.store = store
+        self.also = list(also)          # more stores whose measurements are reused (e.g. the shipped dataset)
         self.workload, self.name = workload, str(workload)
         self.batch, self.world, self.rph = batch_size, world, ranks_per_host
         self.horizon = horizon or horizon_of(workload)
@@ -364,10 +365,17 @@ class EfficiencyMeter:
         self.close()
 
     def _stored(self, ekey: str) -> dict | None:
-        row = self.store.efficiency_rows().get(ekey)
-        if row is None or row.get("protocol") != PROTOCOL or row.get("horizon") != self.horizon:
-            return None
-        return row
+        for store in (self.store, *self.also):
+            row = store.efficiency_rows().get(ekey)
+            if row is not None and row.get("protocol") == PROTOCOL and row.get("horizon") == self.horizon:
+                return row
+        return None
+
+    def noise_scale(self) -> float:
+        """The reference runs' gradient noise scale, when they are stored (NaN otherwise; nothing is run)."""
+        vals = [r["grad_noise_scale"] for r in (self._stored(reference_key(self.name, self.batch, self.world, s))
+                                                for s in range(REFERENCE_SEEDS)) if r is not None]
+        return float(np.mean(vals)) if vals else float("nan")
 
     def _run(self, strategy: Strategy, seed: int, ekey: str, what: str) -> tuple[Curve | None, str, str]:
         from autosync.executor.launch import TrialFailure
@@ -440,7 +448,7 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
     if worlds:
         trials = trials[trials.world_size.isin(worlds)]
     measured = set(store.efficiency_rows())
-    counts = {"ok": 0, "failed": 0, "stored": 0}
+    counts = {"ok": 0, "failed": 0, "timeout": 0, "flat": 0, "stored": 0}
     groups: dict[tuple, dict[str, str]] = {}
     for r in trials.itertuples():
         s = Strategy.from_dict(json.loads(r.strategy))
@@ -460,5 +468,5 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
                 if progress:
                     progress(f"{workload} b{batch} w{world}x{rph}: {i + 1}/{len(todo)}")
                 row = meter.measure(Strategy.from_dict(json.loads(keys[k])))
-                counts["ok" if row["status"] == "ok" else "failed"] += 1
+                counts[row["status"]] = counts.get(row["status"], 0) + 1
     return counts

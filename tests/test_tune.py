@@ -56,7 +56,8 @@ def test_two_workers_on_one_postgres_study_measure_disjoint_strategies_and_learn
     measuring (the default included), and B's proposals must come from a model refit on A's measurements."""
     def worker(name, seed):
         return subprocess.Popen([sys.executable, "-m", "autosync.cli", "tune", "--workload", "mlp", "--cluster",
-                                 "2x1@1gbit", "--measure", "3", "--storage", postgres, "--seed", str(seed),
+                                 "2x1@1gbit", "--measure", "3", "--objective", "throughput",
+                                 "--confirm-rounds", "0", "--storage", postgres, "--seed", str(seed),
                                  "--timeout", "60", "--out", str(tmp_path / f"{name}.yaml"),
                                  "--data", str(tmp_path / name)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
@@ -103,8 +104,8 @@ def test_unreachable_storage_is_one_line_exit_2(tmp_path):
 
 @pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
 def test_a_tuned_strategy_runs_with_autosync_run_and_the_example_script(tmp_path):
-    out = autosync("tune", "--workload", "resnet-tiny", "--cluster", "2x1@10gbit", "--measure", "3", "--out",
-                   "s.yaml", "--data", "d", "--storage", f"sqlite:///{tmp_path}/t.db", cwd=tmp_path)
+    out = autosync("tune", "--workload", "resnet-tiny", "--cluster", "2x1@10gbit", "--measure", "3", "--objective", "throughput",
+                   "--confirm-rounds", "0", "--out", "s.yaml", "--data", "d", "--storage", f"sqlite:///{tmp_path}/t.db", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "recommended:" in out.stdout and (tmp_path / "s.png").exists()
     text = (tmp_path / "s.yaml").read_text()
@@ -157,3 +158,24 @@ def test_python_api_tunes_a_model_object_for_a_cluster_we_do_not_have(tmp_path, 
     assert autosync.load_strategy(out) == strategy and "predicted" in out.read_text()
     with pytest.raises(autosync.UserError, match="make_batch must be picklable"):
         autosync.tune(small.Net(), lambda b, g: {}, cluster="2x1@1gbit", measure=0)
+
+
+@pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
+def test_time_to_loss_measures_the_efficiency_of_lossy_finalists_before_picking(tmp_path):
+    from autosync.datasets.store import DatasetStore
+
+    fixture = Path(__file__).parent / "fixtures" / "small.py"
+    out = autosync("tune", "--model", f"{fixture}:build", "--cluster", "2x1@100mbit", "--measure", "4",
+                   "--confirm-rounds", "1", "--out", "s.yaml", "--data", "d", "--storage", f"sqlite:///{tmp_path}/t.db",
+                   cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = (tmp_path / "s.yaml").read_text()
+    assert "objective: time-to-loss" in text and "efficiency" in out.stdout and "time to target" in out.stdout
+    eff = DatasetStore(tmp_path / "d").read_efficiency()
+    assert (eff.lossy_key == "lossless").sum() == 2, "two reference seeds give the noise band"
+    lossy = eff[eff.lossy_key != "lossless"]
+    assert len(lossy) >= 1 and (lossy.status == "ok").all(), lossy[["status", "reason"]]
+    picked_lossy = "# LOSSY: statistical efficiency" in text
+    assert picked_lossy == ("# lossless: false" in text)
+    if picked_lossy:
+        assert "measured" in text.split("# LOSSY: statistical efficiency")[1].splitlines()[0]

@@ -73,6 +73,40 @@ class Measured:
     samples_per_s: float
     reason: str = ""
     worker: str = ""          # "" = measured by this run; else the worker of the shared study that did
+    efficiency: float = 1.0   # statistical efficiency (1 for lossless strategies)
+    efficiency_lo: float = 1.0
+    efficiency_hi: float = 1.0
+    efficiency_source: str = "lossless"   # lossless | measured | predicted | flat (reference too flat) | failed
+    repeats: list[float] = field(default_factory=list)   # samples/s of the interleaved confirmation rounds
+
+    @property
+    def lossy(self) -> bool:
+        return not self.strategy.is_lossless
+
+    @property
+    def confirmed_samples_per_s(self) -> float:
+        """The median of the confirmation rounds (with the first measurement), else the first measurement."""
+        import statistics
+
+        return statistics.median([self.samples_per_s, *self.repeats]) if self.repeats else self.samples_per_s
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of this strategy's measurements (0 with one)."""
+        vals = [self.samples_per_s, *self.repeats]
+        return (max(vals) - min(vals)) / self.confirmed_samples_per_s if len(vals) > 1 else 0.0
+
+    def value(self, objective: str, measured_only: bool = False) -> float:
+        """What the objective ranks by: samples/s, or goodput (samples/s x efficiency) for time-to-loss.
+        With ``measured_only``, a lossy strategy whose efficiency was not measured is worth 0 for time-to-loss
+        (it cannot be recommended: its convergence cost is unknown)."""
+        if self.status != "ok":
+            return 0.0
+        if objective != "time-to-loss":
+            return self.confirmed_samples_per_s
+        if self.efficiency_source in ("flat", "failed") or (measured_only and self.efficiency_source == "predicted"):
+            return 0.0
+        return self.confirmed_samples_per_s * self.efficiency
 
 
 @dataclass
@@ -87,18 +121,39 @@ class TuneResult:
     candidates_scored: int = 0
     search_seconds: float = 0.0
     peer_measurements_seen: int = 0   # measurements of other workers the last refit learned from
+    objective: str = "throughput"
+    why: str = ""                      # one line when the fastest-per-step strategy is not the pick
+    confirm_rounds: int = 0
+
+    @property
+    def pick(self) -> "Measured | None":
+        return next((m for m in self.measured if m.strategy.hash == self.strategy.hash and m.status == "ok"), None)
 
     @property
     def measured_samples_per_s(self) -> float | None:
-        for m in self.measured:
-            if m.strategy.hash == self.strategy.hash and m.status == "ok":
-                return m.samples_per_s
-        return None
+        m = self.pick
+        return m.confirmed_samples_per_s if m else None
+
+    @property
+    def default(self) -> "Measured | None":
+        return next((m for m in self.measured if m.source == "ddp_default" and m.status == "ok"), None)
+
+    def speedup(self, m: "Measured") -> float | None:
+        """Throughput speedup of ``m`` over the DDP default (medians of the confirmation rounds when run)."""
+        d = self.default
+        if m.status != "ok" or d is None:
+            return None
+        return m.confirmed_samples_per_s / d.confirmed_samples_per_s
+
+    def time_speedup(self, m: "Measured") -> float | None:
+        """Time-to-target speedup over the DDP default: throughput speedup x efficiency."""
+        sp = self.speedup(m)
+        return sp * m.efficiency if sp is not None else None
 
     @property
     def speedup_over_default(self) -> float | None:
-        mine = self.measured_samples_per_s
-        return mine / self.default_samples_per_s if mine and self.default_samples_per_s else None
+        m = self.pick
+        return self.speedup(m) if m else None
 
     @property
     def speedup_over_best_baseline(self) -> float | None:
@@ -144,9 +199,12 @@ class Tuner:
 
     def __init__(self, profile: Profile, model: CostModel, base: "training.TrainingSet | None", store: DatasetStore,
                  storage: str, lossless: bool = False, seed: int = 0, candidates: int = 500, per_round: int = 3,
-                 min_distance: float = 0.25, settings: TrialSettings = TrialSettings()):
+                 min_distance: float = 0.25, settings: TrialSettings = TrialSettings(), objective: str = "throughput",
+                 efficiency_model=None, noise_scale: float = float("nan")):
         self.profile = profile
         self.model = model
+        self.objective = objective
+        self.efficiency_model, self.noise_scale = efficiency_model, noise_scale
         self.base, self.store = base, store
         self.lossless = lossless
         self.candidates, self.per_round, self.min_distance = candidates, per_round, min_distance
@@ -223,7 +281,17 @@ class Tuner:
 
     # --- proposing ---------------------------------------------------------------------------
     def score(self, strategies: list[Strategy]) -> np.ndarray:
-        return self.model.score([featurize(self.profile, s) for s in strategies])
+        """The cost model's scores; for time-to-loss plus log(predicted efficiency) (log goodput, with the
+        regressor; with the ranker the sum is a heuristic)."""
+        scores = self.model.score([featurize(self.profile, s) for s in strategies])
+        if self.objective == "time-to-loss" and self.efficiency_model is not None and len(strategies):
+            scores = scores + np.log(np.maximum(self.predicted_efficiency(strategies), 0.05))
+        return scores
+
+    def predicted_efficiency(self, strategies: list[Strategy]) -> np.ndarray:
+        if self.efficiency_model is None:
+            return np.ones(len(strategies))
+        return self.efficiency_model.score(self.profile, strategies, self.noise_scale)
 
     def propose(self, n: int) -> int:
         """Ask Optuna for n candidates, score them in one batch, tell the scores back."""
@@ -306,17 +374,33 @@ def _predicted_speedup(model: CostModel, score: float) -> float:
     return math.exp(score) if model.kind == "regressor" else float("nan")
 
 
+OBJECTIVES = ("time-to-loss", "throughput", "lossless")
+
+
 def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, storage: str,
          pool: RankPool | None = None, base: "training.TrainingSet | None" = None, lossless: bool = False,
          seed: int = 0, candidates: int = 500, per_round: int = 3, settings: TrialSettings = TrialSettings(),
-         on_measured=None, workload=None) -> TuneResult:
-    """Run the loop; ``pool`` is needed when ``measure > 0`` (``measure`` counts this worker's trials)."""
+         on_measured=None, workload=None, objective: str | None = None, efficiency_model=None,
+         noise_scale: float = float("nan"), meter=None, confirm_rounds: int = 0, finalists: int = 3,
+         on_progress=None) -> TuneResult:
+    """Run the loop; ``pool`` is needed when ``measure > 0`` (``measure`` counts this worker's trials).
+
+    ``objective``: ``time-to-loss`` (rank by goodput = samples/s x statistical efficiency; the lossy ones of
+    the ``finalists`` best get their efficiency measured by ``meter``, an :class:`~autosync.efficiency.
+    EfficiencyMeter`, before they can be recommended), ``throughput`` (samples/s) or ``lossless`` (samples/s,
+    lossless strategies only). ``confirm_rounds`` > 0 re-measures the two best and the DDP default, interleaved,
+    that many rounds, and recommends by medians (see :func:`_recommend` for the noise rule).
+    """
     import time
 
+    objective = objective or ("lossless" if lossless else "throughput")
+    if objective not in OBJECTIVES:
+        raise UserError(f"objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    lossless = objective == "lossless"
     t0 = time.monotonic()
     measure_time = 0.0
     tuner = Tuner(profile, model, base, store, storage, lossless, seed, candidates, per_round,
-                  settings=settings)
+                  settings=settings, objective=objective, efficiency_model=efficiency_model, noise_scale=noise_scale)
     tuner.propose(candidates)
     hand = baselines(profile)
     if lossless:
@@ -396,7 +480,19 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
                       _predicted_speedup(tuner.model, tuner.scored.get(r["strategy_hash"], (float("nan"),))[0]),
                       r["status"], r["samples_per_s"], r["reason"], worker=r["worker"])
              for r in tuner.shared_measurements() if r["strategy_hash"] not in mine] if measure > 0 else []
-    result = _recommend(tuner, result_measured + peers, hand)
+    measured = result_measured + peers
+    _predict_efficiency(tuner, measured)
+    if measure > 0 and objective == "time-to-loss":
+        t = time.monotonic()
+        _settle_efficiency(measured, meter, finalists, on_progress)
+        measure_time += time.monotonic() - t
+    if measure > 0 and confirm_rounds > 0:
+        t = time.monotonic()
+        _confirm(measured, objective, confirm_rounds, lambda s: measure_strategy(pool, profile, s, settings, workload),
+                 on_progress)
+        measure_time += time.monotonic() - t
+    result = _recommend(tuner, measured, hand)
+    result.objective, result.confirm_rounds = objective, confirm_rounds if measure > 0 else 0
     result.candidates_scored = len(tuner.scored)
     result.search_seconds = time.monotonic() - t0 - measure_time
     result.peer_measurements_seen = tuner.peer_measurements_seen
@@ -422,49 +518,191 @@ def _stored(store: DatasetStore, profile: Profile) -> dict[str, dict]:
     return {r["strategy_hash"]: r for r in df.to_dict("records")}
 
 
+def _predict_efficiency(tuner: Tuner, measured: list[Measured]) -> None:
+    lossy = [m for m in measured if m.lossy]
+    for m, eff in zip(lossy, tuner.predicted_efficiency([m.strategy for m in lossy])):
+        m.efficiency = m.efficiency_lo = m.efficiency_hi = float(eff)
+        m.efficiency_source = "predicted"
+
+
+def apply_efficiency(m: Measured, row: dict) -> None:
+    """Copy a measured efficiency row (:class:`~autosync.efficiency.EfficiencyMeter`) onto ``m``."""
+    if row["status"] == "ok":
+        m.efficiency, m.efficiency_lo, m.efficiency_hi = row["efficiency"], row["efficiency_lo"], row["efficiency_hi"]
+        m.efficiency_source = "measured"
+    else:
+        m.efficiency_source = "flat" if row["status"] == "flat" else "failed"
+        m.reason = m.reason or f"efficiency {row['status']}: {row.get('reason', '')}"[:300]
+
+
+def _settle_efficiency(measured: list[Measured], meter, k: int, on_progress=None, max_runs: int | None = None) -> None:
+    """Measure the efficiency of the lossy strategies among the ``k`` best by goodput (predicted efficiency for
+    the rest), again until the ``k`` best have measured (or unmeasurable) efficiencies."""
+    if meter is None:
+        return
+    runs, limit = 0, max_runs if max_runs is not None else 2 * k
+    while runs < limit:
+        ranked = sorted((m for m in measured if m.status == "ok"), key=lambda m: -m.value("time-to-loss"))
+        todo = [m for m in ranked[:k] if m.lossy and m.efficiency_source == "predicted"]
+        if not todo:
+            return
+        m = todo[0]
+        if on_progress:
+            on_progress(f"measuring the efficiency of lossy finalist {m.strategy.hash}")
+        row = meter.measure(m.strategy)
+        for other in measured:   # every measurement of the same lossy choices shares it
+            if other.lossy and other.strategy.lossy_key() == m.strategy.lossy_key():
+                apply_efficiency(other, row)
+        runs += 1
+
+
+def _confirm(measured: list[Measured], objective: str, rounds: int, run_one, on_progress=None, k: int = 2) -> None:
+    """Re-measure the ``k`` best and the DDP default, interleaved (A B C A B C ...), ``rounds`` rounds."""
+    ranked = sorted((m for m in measured if m.status == "ok" and m.value(objective, True) > 0),
+                    key=lambda m: -m.value(objective, True))
+    default = next((m for m in measured if m.source == "ddp_default" and m.status == "ok"), None)
+    todo = [m for m in ranked if m is not default][:k] + ([default] if default else [])
+    for r in range(rounds):
+        for m in todo:
+            if on_progress:
+                on_progress(f"confirming: round {r + 1}/{rounds}, {m.source} {m.strategy.hash}")
+            res = run_one(m.strategy)
+            if res.ok:
+                m.repeats.append(res.samples_per_s)
+
+
+def _simpler(a: Measured, b: Measured) -> bool:
+    """True when ``a`` is simpler than ``b``: lossless before lossy, then fewer groups."""
+    return (a.lossy, len(a.strategy.groups)) < (b.lossy, len(b.strategy.groups))
+
+
+def _describe(m: Measured, objective: str) -> str:
+    eff = "" if not m.lossy else (f", efficiency {m.efficiency:.2f} ({m.efficiency_source})"
+                                   if m.efficiency_source in ("measured", "predicted") else
+                                   f", efficiency not measurable ({m.efficiency_source})")
+    return f"{m.source} {m.strategy.hash} ({m.confirmed_samples_per_s:,.1f} samples/s{eff})"
+
+
 def _recommend(tuner: Tuner, measured: list[Measured], base: dict[str, Strategy]) -> TuneResult:
+    """The best measured strategy by the objective (goodput for time-to-loss: a lossy strategy needs a measured
+    efficiency), never one worse than the measured DDP default. Noise rule: when both the winner and the
+    runner-up were re-measured, the winner must beat it beyond the spread (its lowest goodput above the
+    runner-up's highest), else the simpler of the two wins (lossless, then fewer groups)."""
     model = tuner.model
+    objective = tuner.objective
     if not measured:
         score, strategy = tuner.ranked()[0]
-        return TuneResult(strategy, "predicted", _predicted_speedup(model, score),
-                          note="nothing was measured (--measure 0): this is the cost model's prediction only")
+        pred = _predicted_speedup(model, score)
+        note = "nothing was measured (--measure 0): this is the cost model's prediction only"
+        if objective == "time-to-loss" and not strategy.is_lossless:
+            note += f" (goodput: predicted speedup x predicted efficiency {tuner.predicted_efficiency([strategy])[0]:.2f})"
+        return TuneResult(strategy, "predicted", pred, note=note, objective=objective)
     ok = [m for m in measured if m.status == "ok"]
     default = next((m for m in measured if m.source == "ddp_default" and m.status == "ok"), None)
     base_hashes = {s.hash for n, s in base.items() if n != "ddp_default"}
     baselines_ok = [m for m in ok if m.strategy.hash in base_hashes]
-    best_baseline = max(((m.source, m.samples_per_s) for m in baselines_ok), key=lambda t: t[1], default=None)
-    best = max(ok, key=lambda m: m.samples_per_s, default=None)
-    if best is None:
+    best_baseline = max(((m.source, m.confirmed_samples_per_s) for m in baselines_ok), key=lambda t: t[1],
+                        default=None)
+    default_sps = default.confirmed_samples_per_s if default else None
+    eligible = sorted((m for m in ok if m.value(objective, True) > 0), key=lambda m: -m.value(objective, True))
+    if not eligible:
         return TuneResult(Strategy.default(), "ddp_default", 1.0, measured, None, best_baseline,
-                          note="every measured trial failed; recommending the DDP default")
-    if default is not None and best.samples_per_s <= default.samples_per_s:
-        return TuneResult(default.strategy, "ddp_default", default.predicted_speedup, measured, default.samples_per_s,
-                          best_baseline, note="nothing measured beat the DDP default: recommending the default")
+                          note="every measured trial failed; recommending the DDP default", objective=objective)
+    best = eligible[0]
+    note, why = "", ""
+    if len(eligible) > 1:
+        runner = eligible[1]
+        if best.repeats and runner.repeats:
+            eff_b = best.value(objective, True) / best.confirmed_samples_per_s
+            eff_r = runner.value(objective, True) / runner.confirmed_samples_per_s
+            lo_best = min([best.samples_per_s, *best.repeats]) * eff_b
+            hi_runner = max([runner.samples_per_s, *runner.repeats]) * eff_r
+            if lo_best <= hi_runner and _simpler(runner, best):
+                why = (f"{_describe(best, objective)} did not beat the simpler {_describe(runner, objective)} beyond "
+                       f"the measured spread ({best.spread:.0%} / {runner.spread:.0%})")
+                best = runner
+    if default is not None and best.value(objective, True) <= default.value(objective, True):
+        best = default
+        note = "nothing measured beat the DDP default: recommending the default"
+    fastest = max(ok, key=lambda m: m.confirmed_samples_per_s)
+    if not why and fastest is not best:
+        if objective == "time-to-loss" and fastest.lossy:
+            if fastest.efficiency_source == "measured":
+                why = (f"the fastest per step, {_describe(fastest, objective)}, reaches the target loss "
+                       f"{fastest.value(objective) / max(best.value(objective), 1e-9):.2f}x as soon as the pick "
+                       f"(throughput x efficiency)")
+            else:
+                why = (f"the fastest per step, {_describe(fastest, objective)}, is lossy and its convergence cost "
+                       f"could not be measured, so it is not recommended")
+        elif objective == "lossless":
+            why = f"the fastest per step is {_describe(fastest, objective)}"
     failed_default = next((m for m in measured if m.source == "ddp_default" and m.status != "ok"), None)
-    note = ""
     if failed_default:
-        why = (failed_default.reason or "no reason given").splitlines()[0]
-        note = (f"the DDP default {failed_default.status} ({why}), so no speedup over it was measured; "
+        reason = (failed_default.reason or "no reason given").splitlines()[0]
+        note = (f"the DDP default {failed_default.status} ({reason}), so no speedup over it was measured; "
                 f"check it with `autosync run`")
-    return TuneResult(best.strategy, best.source, best.predicted_speedup, measured,
-                      default.samples_per_s if default else None, best_baseline, note=note)
+    return TuneResult(best.strategy, best.source, best.predicted_speedup, measured, default_sps, best_baseline,
+                      note=note, objective=objective, why=why)
+
+
+def efficiency_text(m: Measured) -> str:
+    """A measured strategy's efficiency as a person reads it: ``1 (lossless)``, ``0.88 [0.87-0.89] measured``."""
+    if not m.lossy:
+        return "1 (lossless)"
+    if m.efficiency_source in ("flat", "failed"):
+        return f"unknown ({'reference too flat' if m.efficiency_source == 'flat' else 'run failed'})"
+    band = f" [{m.efficiency_lo:.2f}-{m.efficiency_hi:.2f}]" if m.efficiency_source == "measured" else ""
+    return f"{m.efficiency:.2f}{band} {m.efficiency_source}"
+
+
+def measured_rows(result: TuneResult) -> list[dict]:
+    """One row per measured strategy: what the table and the strategy file show."""
+    rows = []
+    for m in result.measured:
+        sp, tt = result.speedup(m), result.time_speedup(m)
+        rows.append({"source": m.source, "hash": m.strategy.hash, "lossy": "lossy" if m.lossy else "lossless",
+                     "status": m.status, "samples_per_s": m.confirmed_samples_per_s if m.status == "ok" else None,
+                     "spread": m.spread if m.repeats else None, "rounds": 1 + len(m.repeats),
+                     "speedup": sp, "efficiency": efficiency_text(m),
+                     "time_speedup": tt if (not m.lossy or m.efficiency_source in ("measured", "predicted")) else None,
+                     "time_speedup_predicted": m.lossy and m.efficiency_source == "predicted",
+                     "worker": m.worker, "predicted_speedup": m.predicted_speedup, "reason": m.reason})
+    return rows
 
 
 def strategy_file_text(result: TuneResult, profile: Profile) -> str:
     """The recommended strategy as YAML, with what was predicted and measured as comments."""
     lines = [f"# autosync tune: {profile.model.workload} (batch {profile.model.batch_size}/rank) on {profile.cluster}",
-             f"# source: {result.source}, strategy {result.strategy.hash}"]
+             f"# objective: {result.objective}; source: {result.source}, strategy {result.strategy.hash}"]
     if not math.isnan(result.predicted_speedup):
         lines.append(f"# predicted speedup over the DDP default: {result.predicted_speedup:.2f}x")
     if result.measured_samples_per_s:
-        lines.append(f"# measured: {result.measured_samples_per_s:,.1f} samples/s")
+        lines.append(f"# measured: {result.measured_samples_per_s:,.1f} samples/s"
+                     + (f" (median of {1 + len(result.pick.repeats)} interleaved measurements)"
+                        if result.pick and result.pick.repeats else ""))
     if result.speedup_over_default:
         lines.append(f"# measured speedup over the DDP default: {result.speedup_over_default:.2f}x")
     if result.speedup_over_best_baseline and result.best_baseline:
         lines.append(f"# measured speedup over the best hand-crafted baseline ({result.best_baseline[0]}): "
                      f"{result.speedup_over_best_baseline:.2f}x")
+    if result.pick and result.pick.lossy:
+        tt = result.time_speedup(result.pick)
+        lines.append(f"# LOSSY: statistical efficiency {efficiency_text(result.pick)}"
+                     + (f"; time to the target loss {tt:.2f}x the DDP default's" if tt else ""))
+    if result.why:
+        lines.append(f"# why not the fastest per step: {result.why}")
     if result.note:
         lines.append(f"# note: {result.note}")
+    rows = measured_rows(result)
+    if rows:
+        lines.append("# measured (speedup = throughput over the DDP default; time = speedup x efficiency, to the "
+                     "target loss):")
+        for r in rows:
+            sp = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
+            tt = f"{r['time_speedup']:.2f}x" if r["time_speedup"] else "-"
+            spread = f" +-{r['spread'] / 2:.0%} over {r['rounds']}" if r["spread"] is not None else ""
+            lines.append(f"#   {r['source']:<18} {r['hash']}  {r['lossy']:<8} {r['status']:<7} speedup {sp:>7}"
+                         f"{spread}  efficiency {r['efficiency']}  time {tt}")
     lines.append(f"# lossless: {str(result.strategy.is_lossless).lower()}")
     return "\n".join(lines) + "\n" + result.strategy.to_yaml()
 
@@ -475,7 +713,7 @@ def plot_predicted_vs_measured(result: TuneResult, path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = [(m.predicted_speedup, m.samples_per_s / result.default_samples_per_s, m.source)
+    pts = [(m.predicted_speedup, m.confirmed_samples_per_s / result.default_samples_per_s, m.source)
            for m in result.measured if m.status == "ok" and result.default_samples_per_s]
     fig, ax = plt.subplots(figsize=(5.5, 4.5))
     for pred, meas, source in pts:

@@ -69,7 +69,7 @@ def test_collect_interrupted_by_sigint_then_sigterm_resumes_without_loss_or_dupl
 def test_tune_interrupted_by_sigterm_then_sigint_resumes_with_the_study_intact(tmp_path, nothing_left):
     storage = f"sqlite:///{tmp_path}/t.db"
     cmd = [sys.executable, "-m", "autosync.cli", "tune", "--workload", "resnet-tiny", "--cluster", "2x1@10gbit",
-           "--measure", "4", "--data", "d", "--storage", storage, "--out", "s.yaml"]
+           "--measure", "4", "--objective", "throughput", "--confirm-rounds", "0", "--data", "d", "--storage", storage, "--out", "s.yaml"]
     store = _store_with_profile(tmp_path / "d", "resnet-tiny", "2x1@10gbit")
 
     def study_hashes():

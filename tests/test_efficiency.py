@@ -1,0 +1,75 @@
+"""Statistical efficiency: paired training on real ranks, and the arithmetic of the comparison."""
+import pytest
+
+from autosync.datasets.store import DatasetStore
+from autosync.efficiency import (Curve, CurveSpec, EfficiencyMeter, compare, key, measure_curve, steps_to)
+from autosync.executor.launch import RankPool
+from autosync.strategy import Strategy
+
+pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
+HORIZON, EVERY = 80, 10
+
+
+def test_steps_to_interpolates_the_first_crossing_and_none_when_never():
+    steps, losses = [0, 10, 20, 30], [4.0, 3.0, 2.0, 1.0]
+    assert steps_to(steps, losses, 2.5) == pytest.approx(15.0, abs=2.5)
+    assert steps_to(steps, losses, 0.5) is None
+
+
+def test_compare_counts_noise_as_one_and_never_reaching_as_zero():
+    refs = [Curve([0, 10, 20, 30, 40], [4, 3, 2, 1.5, 1.2], []), Curve([0, 10, 20, 30, 40], [4, 3, 2.05, 1.5, 1.2], [])]
+    same = compare(refs, refs[0], 40)
+    assert same.efficiency == 1.0 and same.within_noise
+    stuck = compare(refs, Curve([0, 10, 20, 30, 40], [4, 3.9, 3.8, 3.7, 3.6], []), 40)
+    assert stuck.efficiency == 0.0 and stuck.reached_loss > 3
+    with pytest.raises(ValueError):
+        compare(refs[:1], refs[0], 40)
+
+
+def test_lossy_keys_ignore_plans_and_network_but_not_compression():
+    a = Strategy.from_dict({"groups": [{"plan": "ps", "compressor": "fp16"}]})
+    b = Strategy.from_dict({"groups": [{"plan": "allreduce", "compressor": "fp16"}], "fusion": {"bucket_cap_mb": 5}})
+    c = Strategy.from_dict({"groups": [{"compressor": {"name": "powersgd", "rank": 1}}]})
+    assert a.lossy_key() == b.lossy_key() != c.lossy_key()
+    assert Strategy.from_dict({"groups": [{"plan": "ps"}]}).lossy_key() == "lossless"
+    t1, t2 = (Strategy.from_dict({"groups": [{"compressor": {"name": "topk", "ratio": 0.01}}],
+                                  "fusion": {"bucket_cap_mb": mb}}) for mb in (1, 25))
+    assert t1.lossy_key() != t2.lossy_key(), "top-k selects per segment: its buckets change its math"
+    assert key("mlp", 128, 2, 1, c) == key("mlp", 128, 2, 2, c), "bsp: the hosts do not enter"
+    local = Strategy.from_dict({"sync": {"mode": "local_sgd", "period": 4}})
+    assert key("mlp", 128, 4, 1, local) != key("mlp", 128, 4, 2, local)
+
+
+def test_scaled_down_updates_measure_efficiency_clearly_below_one_and_the_default_exactly_one(tmp_path):
+    """The same strategy trained with a 4x smaller learning rate stands in for a lossy strategy that
+    shrinks every update: the paired comparison must see it, and the reference itself must read 1."""
+    default = Strategy.default().canonical()
+    spec = CurveSpec("mlp", default, 64, HORIZON, EVERY, signals=False)
+    with RankPool(2, ranks_per_host=1) as pool:
+        refs = [measure_curve(pool, CurveSpec("mlp", default, 64, HORIZON, EVERY, seed=s), 300) for s in (0, 1)]
+        again = measure_curve(pool, spec, 300)
+        slow = measure_curve(pool, CurveSpec("mlp", default, 64, HORIZON, EVERY, lr=spec.lr / 4, signals=False), 300)
+    assert refs[0].eval_loss[-1] < refs[0].eval_loss[0] * 0.9, "the reference must learn over the horizon"
+    assert refs[0].signals["grad_noise_scale"] > 0 and refs[0].signals["grad_error"] < 1e-6
+    assert compare(refs, again, HORIZON).efficiency == 1.0
+    eff = compare(refs, slow, HORIZON)
+    assert eff.efficiency < 0.8, eff
+    assert eff.final_loss_ratio > 1.02
+
+
+def test_meter_stores_measures_once_and_reads_it_back(tmp_path):
+    store = DatasetStore(tmp_path / "d")
+    psgd = Strategy.from_dict({"groups": [{"compressor": {"name": "powersgd", "rank": 1}}]})
+    same_math = Strategy.from_dict({"groups": [{"plan": "allreduce", "compressor": {"name": "powersgd", "rank": 1}}],
+                                    "fusion": {"bucket_cap_mb": 4}})
+    with EfficiencyMeter(store, "mlp", 64, 2, 1, horizon=HORIZON, eval_every=EVERY) as meter:
+        row = meter.measure(psgd)
+        assert row["status"] == "ok" and 0 <= row["efficiency"] <= 1.25
+        assert row["grad_error"] > 0.05, "PowerSGD rank 1 must show a compression error"
+        assert row["ef_norm"] > 0
+        assert meter.measure(Strategy.default())["efficiency"] == 1.0
+    rows = store.read_efficiency()
+    assert sorted(rows.lossy_key == "lossless") == [False, True, True]   # two reference seeds + one candidate
+    with EfficiencyMeter(store, "mlp", 64, 2, 1, horizon=HORIZON, eval_every=EVERY) as meter:
+        assert meter.measure(same_math)["efficiency_key"] == row["efficiency_key"]
+        assert meter._pool is None, "a stored efficiency must not be measured again"
