@@ -509,18 +509,21 @@ def _cmd_tune(args) -> int:
     if result.measured:
         table = Table(title=f"measured on {profile.context.label} ({workload}, batch {profile.model.batch_size}/rank; "
                             f"objective {result.objective})")
-        for col in ("source", "strategy", "lossy?", "predicted", "status", "samples/s", "+-spread", "speedup",
-                    "efficiency", "time to target", "by"):
+        rows = measured_rows(result)
+        peers = any(r["worker"] for r in rows)
+        cols = ["source", "strategy", "lossy", "predicted", "status", "samples/s", "+-spread", "speedup",
+                "efficiency", "time to target"] + (["by"] if peers else [])
+        for col in cols:
             table.add_column(col, justify="right")
-        for r in measured_rows(result):
+        for r in rows:
             pred = "-" if math.isnan(r["predicted_speedup"]) else f"{r['predicted_speedup']:.2f}x"
-            tt = (f"{r['time_speedup']:.2f}x" + (" (pred.)" if r["time_speedup_predicted"] else "")
+            tt = (f"{r['time_speedup']:.2f}x" + (" pred." if r["time_speedup_predicted"] else "")
                   if r["time_speedup"] else "-")
-            table.add_row(r["source"], r["hash"], r["lossy"], pred, r["status"],
-                          f"{r['samples_per_s']:,.1f}" if r["samples_per_s"] else "-",
-                          f"{r['spread'] / 2:.0%} ({r['rounds']})" if r["spread"] is not None else "-",
-                          f"{r['speedup']:.2f}x" if r["speedup"] else "-", r["efficiency"], tt,
-                          r["worker"] or "this run")
+            cells = [r["source"], r["hash"][:8], "yes" if r["lossy"] == "lossy" else "no", pred, r["status"],
+                     f"{r['samples_per_s']:,.1f}" if r["samples_per_s"] else "-",
+                     f"{r['spread'] / 2:.0%} ({r['rounds']})" if r["spread"] is not None else "-",
+                     f"{r['speedup']:.2f}x" if r["speedup"] else "-", r["efficiency_short"], tt]
+            table.add_row(*cells, *([r["worker"] or "this run"] if peers else []))
         console.print(table)
         plot_predicted_vs_measured(result, plot_path)
         console.print(f"plot -> {plot_path}")

@@ -19,6 +19,11 @@ NETWORKS = ("emulated", "unshaped", "real", "nominal")
 DEFAULT_ENV = ("emulated", "gloo", "cpu")
 
 
+def workload_batch(workload: str, batch_size: int) -> str:
+    """The ``workload|b<batch>`` prefix every key of autosync starts with (contexts, efficiency keys)."""
+    return f"{workload}|b{batch_size}"
+
+
 @dataclass(frozen=True)
 class Context:
     workload: str
@@ -34,7 +39,7 @@ class Context:
 
     @property
     def id(self) -> str:
-        base = f"{self.workload}|b{self.batch_size}|{self.cluster}"
+        base = f"{workload_batch(self.workload, self.batch_size)}|{self.cluster}"
         env = (self.network, self.backend, self.device)
         return base if env == DEFAULT_ENV else f"{base}|{'|'.join(env)}"
 

@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from autosync.context import workload_batch
 from autosync.errors import UserError
 from autosync.strategy import Strategy
 
@@ -95,11 +96,11 @@ def key(workload: str, batch_size: int, world: int, ranks_per_host: int, strateg
     """Where one efficiency measurement applies: workload, batch, world (and hosts, for a mode that uses
     them) and the strategy's lossy choices. The network does not enter: the math does not depend on it."""
     hosts = f"x{ranks_per_host}" if strategy.sync.kind.needs_hosts else ""
-    return f"{workload}|b{batch_size}|w{world}{hosts}|{strategy.lossy_key()}"
+    return f"{workload_batch(workload, batch_size)}|w{world}{hosts}|{strategy.lossy_key()}"
 
 
 def reference_key(workload: str, batch_size: int, world: int, seed: int) -> str:
-    return f"{workload}|b{batch_size}|w{world}|reference|seed{seed}"
+    return f"{workload_batch(workload, batch_size)}|w{world}|reference|seed{seed}"
 
 
 # --- rank side ---------------------------------------------------------------------------------

@@ -191,7 +191,8 @@ class DatasetStore:
         if not rows:
             return 0
         for row in rows:
-            if "efficiency_key" not in row:
+            needed = ("workload", "batch_size", "world_size", "ranks_per_node", "strategy")
+            if "efficiency_key" not in row and all(row.get(k) is not None for k in needed):
                 from autosync.efficiency import key as efficiency_key
                 from autosync.strategy import loads_strategy
 

@@ -655,6 +655,16 @@ def efficiency_text(m: Measured) -> str:
     return f"{m.efficiency:.2f}{band} {m.efficiency_source}"
 
 
+def _efficiency_short(m: Measured) -> str:
+    if not m.lossy:
+        return "1 lossless"
+    if m.efficiency_source in ("flat", "failed"):
+        return "unknown"
+    if m.efficiency_source == "predicted":
+        return f"{m.efficiency:.2f} pred."
+    return f"{m.efficiency:.2f} [{m.efficiency_lo:.2f}-{m.efficiency_hi:.2f}]"
+
+
 def measured_rows(result: TuneResult) -> list[dict]:
     """One row per measured strategy: what the table and the strategy file show."""
     rows = []
@@ -663,7 +673,7 @@ def measured_rows(result: TuneResult) -> list[dict]:
         rows.append({"source": m.source, "hash": m.strategy.hash, "lossy": "lossy" if m.lossy else "lossless",
                      "status": m.status, "samples_per_s": m.confirmed_samples_per_s if m.status == "ok" else None,
                      "spread": m.spread if m.repeats else None, "rounds": 1 + len(m.repeats),
-                     "speedup": sp, "efficiency": efficiency_text(m),
+                     "speedup": sp, "efficiency": efficiency_text(m), "efficiency_short": _efficiency_short(m),
                      "time_speedup": tt if (not m.lossy or m.efficiency_source in ("measured", "predicted")) else None,
                      "time_speedup_predicted": m.lossy and m.efficiency_source == "predicted",
                      "worker": m.worker, "predicted_speedup": m.predicted_speedup, "reason": m.reason})
