@@ -82,8 +82,9 @@ def training_rows(store) -> tuple[pd.DataFrame, np.ndarray]:
 
 @dataclass
 class EfficiencyModel:
-    """LightGBM on measured efficiencies; with fewer than ``min_rows`` rows, the mean of what was measured
-    (and 1.0 with none: then nothing is known, and the tuner measures lossy finalists before trusting them)."""
+    """LightGBM on measured efficiencies; with fewer than ``min_rows`` rows it predicts 1.0 for every lossy
+    strategy: optimistic on purpose, so that lossy candidates reach the finalists, whose efficiency the tuner
+    then measures before it may recommend one (a mean of a handful of rows would be noise)."""
 
     booster: object = None
     prior: float = 1.0
@@ -95,7 +96,7 @@ class EfficiencyModel:
         import lightgbm as lgb
 
         self.rows = len(y)
-        self.prior = float(np.mean(y)) if len(y) else 1.0
+        self.prior = float(np.mean(y)) if len(y) >= self.min_rows else 1.0
         self.booster = None
         if len(y) >= self.min_rows:
             model = lgb.LGBMRegressor(**PARAMS, random_state=seed)
