@@ -517,8 +517,8 @@ def _cmd_tune(args) -> int:
             table.add_column(col, justify="right")
         for r in rows:
             pred = "-" if math.isnan(r["predicted_speedup"]) else f"{r['predicted_speedup']:.2f}x"
-            tt = (f"{r['time_speedup']:.2f}x" + (" pred." if r["time_speedup_predicted"] else "")
-                  if r["time_speedup"] else "-")
+            tt = ("-" if r["time_speedup"] is None else "never" if r["time_speedup"] == 0 else
+                  f"{r['time_speedup']:.2f}x" + (" pred." if r["time_speedup_predicted"] else ""))
             cells = [r["source"], r["hash"][:8], "yes" if r["lossy"] == "lossy" else "no", pred, r["status"],
                      f"{r['samples_per_s']:,.1f}" if r["samples_per_s"] else "-",
                      f"{r['spread'] / 2:.0%} ({r['rounds']})" if r["spread"] is not None else "-",

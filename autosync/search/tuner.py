@@ -627,7 +627,10 @@ def _recommend(tuner: Tuner, measured: list[Measured], base: dict[str, Strategy]
     fastest = max(ok, key=lambda m: m.confirmed_samples_per_s)
     if not why and fastest is not best:
         if objective == "time-to-loss" and fastest.lossy:
-            if fastest.efficiency_source == "measured":
+            if fastest.efficiency_source == "measured" and fastest.efficiency == 0:
+                why = (f"the fastest per step, {_describe(fastest, objective)}, never reached the target loss within "
+                       f"the efficiency horizon")
+            elif fastest.efficiency_source == "measured":
                 why = (f"the fastest per step, {_describe(fastest, objective)}, reaches the target loss "
                        f"{fastest.value(objective) / max(best.value(objective), 1e-9):.2f}x as soon as the pick "
                        f"(throughput x efficiency)")
@@ -709,7 +712,7 @@ def strategy_file_text(result: TuneResult, profile: Profile) -> str:
                      "target loss):")
         for r in rows:
             sp = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
-            tt = f"{r['time_speedup']:.2f}x" if r["time_speedup"] else "-"
+            tt = ("never" if r["time_speedup"] == 0 else f"{r['time_speedup']:.2f}x") if r["time_speedup"] is not None else "-"
             spread = f" +-{r['spread'] / 2:.0%} over {r['rounds']}" if r["spread"] is not None else ""
             lines.append(f"#   {r['source']:<18} {r['hash']}  {r['lossy']:<8} {r['status']:<7} speedup {sp:>7}"
                          f"{spread}  efficiency {r['efficiency']}  time {tt}")
