@@ -28,11 +28,9 @@ from autosync import plans as registry
 from autosync.models.features import featurize
 from autosync.strategy import Strategy
 
-_LOSSY_FEATURES = [f for f in registry.feature_defaults()
-                   if f.startswith("frac_comp_") or any(f in e.features for e in
-                                                        (*registry.COMPRESSORS.values(), *registry.SYNC_MODES.values()))]
+_LOSSY_FEATURES = [f for e in (*registry.COMPRESSORS.values(), *registry.SYNC_MODES.values()) for f in e.features]
 EFF_FEATURES = ["log_params", "embedding_frac", "log_batch", "world_size", "log_noise_scale", "compression",
-                *dict.fromkeys(_LOSSY_FEATURES)]
+                *_LOSSY_FEATURES]
 PARAMS = dict(objective="regression", n_estimators=200, learning_rate=0.05, num_leaves=7, min_child_samples=3,
               subsample=0.8, subsample_freq=1, verbose=-1, n_jobs=1)
 CLIP = (0.0, 1.25)

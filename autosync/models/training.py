@@ -101,7 +101,7 @@ def build(store: DatasetStore, df: pd.DataFrame | None = None) -> TrainingSet:
     Contexts measured on unshaped loopback (or not measured: nominal) are left out: their
     features describe links their numbers did not see.
     """
-    df = store.read() if df is None else df
+    df = store.read(efficiency=False) if df is None else df
     sets = []
     for context_id, ctx in df.groupby("context_id", sort=True):
         raw = store.load_profile_dict(context_id)

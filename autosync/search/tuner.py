@@ -321,7 +321,7 @@ class Tuner:
         import pandas as pd
 
         frames = [self.base] if self.base is not None else []
-        rows = self.store.read()
+        rows = self.store.read(efficiency=False)
         rows = rows[rows.context_id == self.profile.context_id][["source", "strategy", "strategy_hash", "status",
                                                                   "samples_per_s"]]
         shared = pd.DataFrame(self.shared_measurements())
@@ -513,7 +513,7 @@ def _wait_for_default(tuner: Tuner, timeout: float) -> None:
 
 
 def _stored(store: DatasetStore, profile: Profile) -> dict[str, dict]:
-    df = store.read()
+    df = store.read(efficiency=False)
     df = df[df.context_id == profile.context_id]
     return {r["strategy_hash"]: r for r in df.to_dict("records")}
 
@@ -535,13 +535,12 @@ def apply_efficiency(m: Measured, row: dict) -> None:
         m.reason = m.reason or f"efficiency {row['status']}: {row.get('reason', '')}"[:300]
 
 
-def _settle_efficiency(measured: list[Measured], meter, k: int, on_progress=None, max_runs: int | None = None) -> None:
+def _settle_efficiency(measured: list[Measured], meter, k: int, on_progress=None) -> None:
     """Measure the efficiency of the lossy strategies among the ``k`` best by goodput (predicted efficiency for
     the rest), again until the ``k`` best have measured (or unmeasurable) efficiencies."""
     if meter is None:
         return
-    runs, limit = 0, max_runs if max_runs is not None else 2 * k
-    while runs < limit:
+    for _ in range(2 * k):
         ranked = sorted((m for m in measured if m.status == "ok"), key=lambda m: -m.value("time-to-loss"))
         todo = [m for m in ranked[:k] if m.lossy and m.efficiency_source == "predicted"]
         if not todo:
@@ -553,7 +552,6 @@ def _settle_efficiency(measured: list[Measured], meter, k: int, on_progress=None
         for other in measured:   # every measurement of the same lossy choices shares it
             if other.lossy and other.strategy.lossy_key() == m.strategy.lossy_key():
                 apply_efficiency(other, row)
-        runs += 1
 
 
 def _confirm(measured: list[Measured], objective: str, rounds: int, run_one, on_progress=None, k: int = 2) -> None:
