@@ -81,15 +81,24 @@ class CurveSpec:
     lr: float = 1e-3
     optimizer: str = "adam"
     signals: bool = True
+    stop_at: float | None = None      # timed mode: stop once the smoothed evaluation loss has reached this
+    max_train_s: float | None = None  # timed mode: give up after this much training time
 
 
 @dataclass
 class Curve:
     steps: list[int]
     eval_loss: list[float]
-    train_loss: list[float]                         # mean over ranks, every step
+    train_loss: list[float]                         # mean over ranks, every step (rank 0's own in timed mode)
     signals: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
+    train_s: list[float] = field(default_factory=list)   # training time (evaluations excluded) at each evaluation
+
+    def time_to(self, target: float) -> float | None:
+        """Training seconds until the smoothed evaluation loss first reaches ``target`` (interpolated between
+        evaluations); None if it never did. Needs ``train_s`` (timed mode)."""
+        n = steps_to(self.steps, self.eval_loss, target)
+        return None if n is None else float(np.interp(n, self.steps, self.train_s))
 
 
 def key(workload: str, batch_size: int, world: int, ranks_per_host: int, strategy: Strategy) -> str:
@@ -113,7 +122,12 @@ def _flat_grads(params) -> "Any":
 
 
 def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
-    """Rank-side body: train ``spec.horizon`` steps by the strategy, evaluating the consensus model."""
+    """Rank-side body: train ``spec.horizon`` steps by the strategy, evaluating the consensus model.
+
+    Timed mode (``spec.stop_at`` set): no signals and no per-step loss reduction (nothing but the strategy's own
+    communication runs between evaluations), the training time is read at every evaluation with the clock
+    paused while evaluating, and training stops as soon as the smoothed curve has crossed ``stop_at`` with the
+    crossing confirmed by the next evaluation (the centred smoothing needs it), or after ``max_train_s``."""
     import torch
     import torch.distributed as dist
 
@@ -152,13 +166,15 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
         dist.all_reduce(total)
         return total.item() / n_eval
 
-    steps, evals, train = [0], [], []
+    timed = spec.stop_at is not None
+    steps, evals, train, train_s = [0], [], [], [0.0]
     try:
         dist.barrier()
         evals.append(evaluate())
+        clock = time.perf_counter()
         for step in range(1, spec.horizon + 1):
             batch = make_batch(spec.batch_size, gen)
-            signal_step = spec.signals and step % spec.eval_every == 0
+            signal_step = spec.signals and not timed and step % spec.eval_every == 0
             if signal_step:
                 with ddp.no_sync():
                     workloads.loss_of(ddp(**batch)).backward()
@@ -187,8 +203,9 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
             lt = loss.detach().double().reshape(1)
-            dist.all_reduce(lt)
-            train.append(lt.item() / world)
+            if not timed:
+                dist.all_reduce(lt)
+            train.append(lt.item() / (1 if timed else world))
             if signal_step and strategy.sync.kind.lossy:
                 flat = torch.cat([p.detach().reshape(-1).double() for p in params])
                 avg = flat.clone()
@@ -198,19 +215,27 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
                 dist.all_reduce(dev)
                 sig["local_drift"].append(math.sqrt(dev.item() / world) / max(float(avg.norm()), 1e-30))
             if step % spec.eval_every == 0 or step == spec.horizon:
+                train_s.append(train_s[-1] + time.perf_counter() - clock)
                 steps.append(step)
                 evals.append(evaluate())
+                clock = time.perf_counter()
+                if timed:
+                    # every rank holds the same reduced losses: the decision is the same everywhere
+                    n = steps_to(steps, evals, spec.stop_at)
+                    confirmed = n is not None and n <= steps[-2]
+                    if confirmed or (spec.max_train_s and train_s[-1] > spec.max_train_s):
+                        break
     finally:
         release(ddp)
     signals = {k: float(statistics.fmean(v)) for k, v in sig.items() if v}
     return {"steps": steps, "eval_loss": evals, "train_loss": train, "signals": signals,
-            "wall_s": time.monotonic() - t0}
+            "wall_s": time.monotonic() - t0, "train_s": train_s}
 
 
 def measure_curve(pool, spec: CurveSpec, timeout: float = 1800.0) -> Curve:
     """Run one curve on the pool's ranks; raises TrialFailure when a rank fails or the limit runs out."""
     raw = pool.run(train_curve, spec, timeout=timeout)[0]
-    return Curve(raw["steps"], raw["eval_loss"], raw["train_loss"], raw["signals"], raw["wall_s"])
+    return Curve(raw["steps"], raw["eval_loss"], raw["train_loss"], raw["signals"], raw["wall_s"], raw["train_s"])
 
 
 # --- the arithmetic ----------------------------------------------------------------------------

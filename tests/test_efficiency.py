@@ -2,7 +2,7 @@
 import pytest
 
 from autosync.datasets.store import DatasetStore
-from autosync.efficiency import (Curve, CurveSpec, EfficiencyMeter, compare, key, measure_curve, steps_to)
+from autosync.efficiency import (Curve, CurveSpec, EfficiencyMeter, compare, key, measure_curve, steps_to, target)
 from autosync.executor.launch import RankPool
 from autosync.strategy import Strategy
 
@@ -49,6 +49,15 @@ def test_scaled_down_updates_measure_efficiency_clearly_below_one_and_the_defaul
         refs = [measure_curve(pool, CurveSpec("mlp", default, 64, HORIZON, EVERY, seed=s), 300) for s in (0, 1)]
         again = measure_curve(pool, spec, 300)
         slow = measure_curve(pool, CurveSpec("mlp", default, 64, HORIZON, EVERY, lr=spec.lr / 4, signals=False), 300)
+        goal = target(refs, HORIZON)
+        timed = measure_curve(pool, CurveSpec("mlp", default, 64, 2 * HORIZON, EVERY, signals=False, stop_at=goal),
+                              300)
+        capped = measure_curve(pool, CurveSpec("mlp", default, 64, 2 * HORIZON, EVERY, signals=False, stop_at=0.0,
+                                               max_train_s=1e-6), 300)
+    # timed mode: stops once L* is crossed and confirmed by the next evaluation, clock read at every evaluation
+    assert timed.eval_loss[-1] < refs[0].eval_loss[0] and timed.steps[-1] <= HORIZON, timed.steps
+    assert 0 < timed.time_to(goal) <= timed.train_s[-1] and timed.train_s == sorted(timed.train_s)
+    assert capped.steps == [0, EVERY] and capped.time_to(0.0) is None, "max_train_s must stop a run that never gets there"
     assert refs[0].eval_loss[-1] < refs[0].eval_loss[0] * 0.9, "the reference must learn over the horizon"
     assert refs[0].signals["grad_noise_scale"] > 0 and refs[0].signals["grad_error"] < 1e-6
     assert compare(refs, again, HORIZON).efficiency == 1.0
