@@ -4,13 +4,17 @@ Same evaluation as `autosync evaluate`: pairwise accuracy, Kendall tau, top-1 re
 best-in-top-5 for the LightGBM ranker, the regressor, the simulator alone and the ranker
 without simulator features.
 
-    python bench/transfer.py [--data autosync/datasets/data]  ->  bench/results/transfer.md, transfer.png
+The efficiency model (autosync/models/efficiency_model.py) is evaluated the same way, leave one
+workload out, against predicting the training rows' mean; its card is rewritten.
+
+    python bench/transfer.py [--data autosync/datasets/data]  ->  bench/results/transfer.md, transfer.png,
+                                                                 autosync/models/pretrained/efficiency/card.json
 """
 import argparse
 from pathlib import Path
 
 from autosync.datasets.store import DatasetStore
-from autosync.models import training, transfer
+from autosync.models import efficiency_model, training, transfer
 from _results import RESULTS, write as write_result
 
 
@@ -19,14 +23,34 @@ def main() -> None:
     ap.add_argument("--data", default=str(Path(__file__).parent.parent / "autosync" / "datasets" / "data"))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    data = training.build(DatasetStore(args.data, create=False))
+    store = DatasetStore(args.data, create=False)
+    data = training.build(store)
     report = transfer.evaluate(data, seed=args.seed)
     transfer.plot(report, RESULTS / "transfer.png")
     lines = [f"# Cost-model transfer to held-out groups ({len(data.frame)} trials, "
              f"{data.frame.context_id.nunique()} contexts)", report.to_markdown(), "",
-             "Medians over held-out groups of the per-context figures; plot: transfer.png."]
+             "Medians over held-out groups of the per-context figures; plot: transfer.png.", ""]
+    lines += efficiency_lines(efficiency_model.write_card(store, seed=args.seed))
     write_result(RESULTS / "transfer.md", lines)
     print("\n".join(lines))
+
+
+def efficiency_lines(card: dict) -> list[str]:
+    ev = card["held_out_workload"]
+    m = ev["measured_efficiency"]
+    out = [f"## Efficiency model, leave one workload out ({ev['rows']} measured lossy rows, {ev['workloads']} "
+           "workloads)", "",
+           f"Measured efficiencies: min {m['min']:.2f}, median {m['median']:.2f}, share below 0.95: "
+           f"{m['share_below_0.95']:.0%}.",
+           "", "| held-out workload | rows | MAE of the model | MAE of the training mean |", "|---|---:|---:|---:|"]
+    out += [f"| {w} | {r['rows']} | {r['mae']:.3f} | {r['mae_mean_baseline']:.3f} |"
+            for w, r in ev["per_workload"].items()]
+    out += [f"| all | {ev['rows']} | {ev['mae']:.3f} | {ev['mae_mean_baseline']:.3f} |", "",
+            "Spearman rank correlation of held-out predictions with measurements: "
+            + (f"{ev['spearman']:.2f}. " if ev["spearman"] is not None else "undefined (constant predictions). ") +
+            f"With fewer than {card['min_rows']} training rows the model predicts 1.0 (optimistic: the tuner then "
+            "measures the lossy finalists' efficiency before recommending one)."]
+    return out
 
 
 if __name__ == "__main__":

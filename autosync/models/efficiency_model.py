@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -139,10 +140,33 @@ def evaluate(store, seed: int = 0) -> dict:
         means[test] = y[~test].mean() if (~test).any() else 1.0
         per[w] = {"rows": int(test.sum()), "mae": float(np.abs(preds[test] - y[test]).mean()),
                   "mae_mean_baseline": float(np.abs(means[test] - y[test]).mean())}
-    rho = spearmanr(preds, y).statistic if len(y) > 2 and np.std(y) > 0 else float("nan")
+    rho = spearmanr(preds, y).statistic if len(y) > 2 and np.std(y) > 0 and np.std(preds) > 0 else float("nan")
     return {"rows": int(len(y)), "workloads": len(per), "mae": float(np.abs(preds - y).mean()) if len(y) else None,
             "mae_mean_baseline": float(np.abs(means - y).mean()) if len(y) else None,
             "spearman": None if rho != rho else float(rho), "per_workload": per,
             "measured_efficiency": {"min": float(y.min()) if len(y) else None,
                                     "median": float(np.median(y)) if len(y) else None,
                                     "share_below_0.95": float((y < 0.95).mean()) if len(y) else None}}
+
+
+CARD = Path(__file__).parent / "pretrained" / "efficiency" / "card.json"
+
+
+def write_card(store, path=CARD, seed: int = 0) -> dict:
+    """Write the card of the efficiency model fitted to ``store`` (the shipped dataset): what it learns from and
+    how it transfers to a held-out workload. The model itself is small and is fitted afresh from the shipped
+    efficiency table at the start of every time-to-loss tune; the card describes that fit."""
+    frame, _ = training_rows(store)
+    card = {"kind": "efficiency", "fitted": "at the start of each time-to-loss tune, from the shipped dataset's "
+            "efficiency table (autosync.models.efficiency_model.fit_store)",
+            "target": "measured statistical efficiency, clipped to [0, 1.25]; lossless strategies are 1 and not "
+                      "predicted", "features": EFF_FEATURES, "hyper_parameters": PARAMS,
+            "min_rows": EfficiencyModel.min_rows, "rows": int(len(frame)),
+            "workloads": sorted(frame.workload.unique().tolist()),
+            "held_out_workload": evaluate(store, seed)}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(card, indent=1))
+    tmp.replace(path)
+    return card
