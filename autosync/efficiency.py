@@ -367,6 +367,7 @@ class EfficiencyMeter:
         self._pool, self._own_pool = pool, pool is None
         self.progress = progress
         self._references: list[Curve] | None = None
+        self._also_rows: list[dict] | None = None
 
     def _spec(self, strategy: Strategy, seed: int) -> CurveSpec:
         return CurveSpec(self.workload, strategy.canonical(), self.batch, self.horizon, self.eval_every, seed,
@@ -391,8 +392,10 @@ class EfficiencyMeter:
         self.close()
 
     def _stored(self, ekey: str) -> dict | None:
-        for store in (self.store, *self.also):
-            row = store.efficiency_rows().get(ekey)
+        if self._also_rows is None:     # the other stores are only read: once is enough
+            self._also_rows = [store.efficiency_rows() for store in self.also]
+        for rows in (self.store.efficiency_rows(), *self._also_rows):
+            row = rows.get(ekey)
             if row is not None and row.get("protocol") == PROTOCOL and row.get("horizon") == self.horizon:
                 return row
         return None
