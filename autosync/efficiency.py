@@ -436,6 +436,10 @@ class EfficiencyMeter:
             self._references = curves
         return self._references
 
+    def stored(self, strategy: Strategy) -> dict | None:
+        """The stored efficiency row of ``strategy``'s lossy choices, or None; nothing is run."""
+        return self._stored(key(self.name, self.batch, self.world, self.rph, strategy))
+
     def measure(self, strategy: Strategy) -> dict:
         """The efficiency row of ``strategy`` (lossless: efficiency 1 by definition, nothing run)."""
         ekey = key(self.name, self.batch, self.world, self.rph, strategy)

@@ -540,6 +540,11 @@ def _settle_efficiency(measured: list[Measured], meter, k: int, on_progress=None
     the rest), again until the ``k`` best have measured (or unmeasurable) efficiencies."""
     if meter is None:
         return
+    for m in measured:          # what is stored already (this or an earlier tune, the shipped table) costs nothing
+        if m.lossy and m.efficiency_source == "predicted":
+            row = meter.stored(m.strategy)
+            if row is not None:
+                apply_efficiency(m, row)
     for _ in range(2 * k):
         ranked = sorted((m for m in measured if m.status == "ok"), key=lambda m: -m.value("time-to-loss"))
         todo = [m for m in ranked[:k] if m.lossy and m.efficiency_source == "predicted"]
@@ -632,6 +637,9 @@ def _recommend(tuner: Tuner, measured: list[Measured], base: dict[str, Strategy]
                 why = (f"the fastest per step, {_describe(fastest, objective)}, reaches the target loss "
                        f"{fastest.value(objective) / max(best.value(objective), 1e-9):.2f}x as soon as the pick "
                        f"(throughput x efficiency)")
+            elif fastest.efficiency_source == "predicted":
+                why = (f"the fastest per step, {_describe(fastest, objective)}, is lossy and its predicted goodput "
+                       f"kept it out of the finalists whose efficiency was measured: unmeasured, it is not recommended")
             else:
                 why = (f"the fastest per step, {_describe(fastest, objective)}, is lossy and its convergence cost "
                        f"could not be measured, so it is not recommended")
