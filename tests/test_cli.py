@@ -37,6 +37,24 @@ def test_failed_trial_exits_1_with_reason():
     assert result["status"] == "failed" and "SIGABRT" in result["reason"]
 
 
+def test_a_dead_rank_says_why_with_its_own_last_stderr_lines():
+    out = autosync("run", "--workload", f"{FAULTS}:exit_on_rank1", "--steps", "5", "--json", "--timeout", "30")
+    assert out.returncode == 1
+    reason = json.loads(out.stdout)["reason"]
+    assert "rank 1 died (exit code 3)" in reason and "scratch disk full" in reason, reason
+
+
+def test_the_api_called_at_import_time_names_the_cause(tmp_path):
+    """Spawned ranks re-import the main module: a script without a __main__ guard must be told so."""
+    script = tmp_path / "use_api.py"
+    script.write_text("import autosync\n"
+                      f"autosync.tune('mlp', cluster='2x1@1gbit', measure=1, unshaped=True, objective='throughput', "
+                      f"data={str(tmp_path / 'd')!r}, storage={'sqlite:///' + str(tmp_path / 's.db')!r})\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode != 0
+    assert "if __name__ == '__main__':" in out.stderr and "re-import the main module" in out.stderr, out.stderr[-2000:]
+
+
 BAD = [
     (["run", "--workload", "mlp", "--strategy", "{bad}"], "malformed YAML", "groups: [{plan: ps}\n"),
     (["run", "--workload", "mlp", "--strategy", "{bad}"], "groups[0].plan: 'gossip' is not one of", "groups: [{plan: gossip}]"),

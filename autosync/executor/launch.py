@@ -19,8 +19,10 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import signal
 import socket
+import tempfile
 import time
 import traceback
 import weakref
@@ -131,6 +133,7 @@ class RankPool:
         self._tasks: list[mp.Queue] = []
         self._results: mp.Queue | None = None
         self.starts = 0
+        self._stderr_dir: str | None = None
         _live_pools.add(self)
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -148,8 +151,19 @@ class RankPool:
             target=_rank_main, name=f"autosync-rank{r}", daemon=True,
             args=(r, self.world_size, self.ranks_per_host, master, self.placements[r], self.threads,
                   self.start_timeout, self._tasks[r], self._results)) for r in range(self.world_size)]
-        for p in self._procs:
-            p.start()
+        # Each rank's fd 2 is a file from its first instruction on (inherited at start), so that a rank that dies,
+        # even in the spawn bootstrap before _rank_main runs, leaves its last words for the failure's reason.
+        self._stderr_dir = tempfile.mkdtemp(prefix="autosync-ranks-")
+        for r, p in enumerate(self._procs):
+            fd = os.open(os.path.join(self._stderr_dir, f"rank{r}.stderr"), os.O_WRONLY | os.O_CREAT, 0o600)
+            saved = os.dup(2)
+            try:
+                os.dup2(fd, 2)
+                p.start()
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                os.close(fd)
         self.starts += 1
         self._collect("ready", self.start_timeout)
 
@@ -163,11 +177,37 @@ class RankPool:
                     except (ProcessLookupError, PermissionError):
                         pass
         for p in self._procs:
-            p.join(timeout=5)
+            if p.pid is not None:       # a process that never started (its start raised) cannot be joined
+                p.join(timeout=5)
         for q in [*self._tasks, *([self._results] if self._results else [])]:
             q.cancel_join_thread()
             q.close()
         self._procs, self._tasks, self._results = [], [], None
+        if getattr(self, "_stderr_dir", None):
+            shutil.rmtree(self._stderr_dir, ignore_errors=True)
+            self._stderr_dir = None
+
+    def stderr_text(self, rank: int, limit: int = 8192) -> str:
+        """The last ``limit`` bytes a rank wrote to its stderr, '' when none."""
+        try:
+            with open(os.path.join(self._stderr_dir or "", f"rank{rank}.stderr"), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - limit))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _deaths(self, dead: list[tuple[int, int | None]], lines: int = 6, chars: int = 300) -> str:
+        """'rank R died (how): its last stderr lines' for each dead rank, with the one cause we can name."""
+        parts = []
+        for r, code in dead:
+            text = self.stderr_text(r)
+            tail = " | ".join(x.strip() for x in text.strip().splitlines()[-lines:] if x.strip())[-chars:]
+            if "bootstrapping phase" in text:
+                parts.append(f"rank {r} died ({_describe_exit(code)}): {BOOTSTRAP_HINT}")
+            else:
+                parts.append(f"rank {r} died ({_describe_exit(code)})" + (f": {tail}" if tail else ""))
+        return "; ".join(parts)
 
     def close(self) -> None:
         """Ask the ranks to leave the process group and exit; kill those that do not."""
@@ -205,8 +245,9 @@ class RankPool:
             except queue.Empty:
                 dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
                 if dead:
+                    reason = self._deaths(dead)
                     self.kill()
-                    raise TrialFailure("failed", "; ".join(f"rank {r} died ({_describe_exit(c)})" for r, c in dead))
+                    raise TrialFailure("failed", reason[:500])
                 if time.monotonic() > deadline:
                     self.kill()
                     what = "start" if want == "ready" else "finish"
@@ -218,13 +259,18 @@ class RankPool:
                 # crashed rank a moment to be seen dead, and name it as the cause.
                 time.sleep(0.5)
                 dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
+                deaths = self._deaths([(r, c) for r, c in dead if c])
                 self.kill()
-                if any(code is not None and code < 0 for _, code in dead):
-                    deaths = "; ".join(f"rank {r} died ({_describe_exit(c)})" for r, c in dead if c and c < 0)
+                if deaths:
                     raise TrialFailure("failed", f"{deaths}; then {payload}"[:500])
                 raise TrialFailure("failed", payload)
             out[rank] = payload
         return [out[r] for r in range(self.world_size)]
+
+
+BOOTSTRAP_HINT = ("the script started autosync while being imported: rank processes are spawned and re-import "
+                  "the main module, so call autosync.tune (or anything that starts ranks) under "
+                  "`if __name__ == '__main__':`")
 
 
 def _describe_exit(code: int | None) -> str:
