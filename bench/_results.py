@@ -42,3 +42,26 @@ def write(path: str | Path, lines: list[str]) -> Path:
     tmp.write_text(text)
     tmp.replace(path)
     return path
+
+
+def speedup_bars(labels: list[str], series: dict[str, list[float]], ylabel: str, path: str | Path) -> None:
+    """Grouped bars of speedups over the DDP default, one group per context, a line at 1.0; saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    x = np.arange(len(labels))
+    width = 0.8 / max(len(series), 1)
+    fig, ax = plt.subplots(figsize=(max(8, len(labels) * 0.8), 4.5))
+    for k, (name, values) in enumerate(series.items()):
+        ax.bar(x + (k - (len(series) - 1) / 2) * width, values, width, label=name)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, fontsize=7, rotation=45, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -42,7 +42,7 @@ from autosync.search.collect import context_profile
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
-from _results import RESULTS, write as write_result
+from _results import RESULTS, speedup_bars, write as write_result
 
 PICKERS = ("DDP default", "best baseline", "tune ttl", "tune thr")
 
@@ -201,23 +201,9 @@ def main() -> None:
 
 
 def _plot(rows, path):
-    import matplotlib
-    import numpy as np
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    x = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.8), 4.5))
-    for k, p in enumerate(PICKERS[1:]):
-        ax.bar(x + (k - 1) * 0.27, [ratio(r[p], r["DDP default"]) for r in rows], 0.27, label=p)
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(x)
-    ax.set_xticklabels([f"{r['workload']}\n{r['cluster']}" for r in rows], fontsize=7, rotation=45, ha="right")
-    ax.set_ylabel("time-to-target speedup over DDP default\n(0 = never reached)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    speedup_bars([f"{r['workload']}\n{r['cluster']}" for r in rows],
+                 {p: [ratio(r[p], r["DDP default"]) for r in rows] for p in PICKERS[1:]},
+                 "time-to-target speedup over DDP default\n(0 = never reached)", path)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import optuna
 
 from autosync.cluster import parse_cluster
@@ -39,7 +38,7 @@ from autosync.search.baselines import baselines
 from autosync.search.space import suggest
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.search.tuner import tune
-from _results import RESULTS, write as write_result
+from _results import RESULTS, speedup_bars, write as write_result
 
 
 
@@ -142,23 +141,10 @@ def main() -> None:
 
 
 def _plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r[0]}\n{r[1]}" for r in rows]
-    x = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.7), 4.5))
-    for k, (idx, name) in enumerate(((4, "best hand-crafted"), (5, "Optuna alone"), (6, "autosync"))):
-        ax.bar(x + (k - 1) * 0.27, [r[idx] for r in rows], 0.27, label=name)
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(x)
-    ax.set_xticklabels(labels, fontsize=7, rotation=45, ha="right")
-    ax.set_ylabel("speedup over DDP default")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    speedup_bars([f"{r[0]}\n{r[1]}" for r in rows],
+                 {name: [r[idx] for r in rows] for idx, name in ((4, "best hand-crafted"), (5, "Optuna alone"),
+                                                                 (6, "autosync"))},
+                 "speedup over DDP default", path)
 
 
 if __name__ == "__main__":

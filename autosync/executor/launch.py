@@ -183,7 +183,7 @@ class RankPool:
             q.cancel_join_thread()
             q.close()
         self._procs, self._tasks, self._results = [], [], None
-        if getattr(self, "_stderr_dir", None):
+        if self._stderr_dir:
             shutil.rmtree(self._stderr_dir, ignore_errors=True)
             self._stderr_dir = None
 
