@@ -89,11 +89,14 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
              storage: str = DEFAULT_STORAGE, data: str | Path = "autosync-data", batch_size: int | None = None,
              model_path: str | Path | None = None, seed: int = 0, candidates: int = 500,
              settings=None, on_measured=None, status=None, profile_path: str | Path | None = None,
-             unshaped: bool = False, objective: str | None = None, confirm_rounds: int = 3, finalists: int = 3):
+             unshaped: bool = False, objective: str | None = None, confirm_rounds: int = 3, finalists: int = 3,
+             pool=None):
     """Tune ``workload`` on ``cluster``; ``profile_path`` (from `autosync profile`) replaces profiling.
 
     ``objective``: ``time-to-loss`` (default; ``lossless`` when ``lossless``), ``throughput`` or ``lossless``
-    (see :func:`autosync.search.tuner.tune`). Returns ``(TuneResult, Profile)``.
+    (see :func:`autosync.search.tuner.tune`). ``pool``: the job's own ranks (:func:`job`, in-job mode; call on
+    rank 0): profile, trials and efficiency runs happen there instead of on the emulated ``cluster``, which then
+    only names the job's shape and nominal links. Returns ``(TuneResult, Profile)``.
     """
     from autosync.efficiency import EfficiencyMeter
     from autosync.models.efficiency_model import EfficiencyModel, fit_store
@@ -119,29 +122,81 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
         except ValueError:
             eff_model = EfficiencyModel()
         meter = EfficiencyMeter(store, workload, batch, cluster.world_size, cluster.ranks_per_node,
-                                also=[shipped] if shipped else [], progress=status)
+                                also=[shipped] if shipped else [], progress=status, pool=pool)
     noise = meter.noise_scale() if meter else float("nan")
     extra = dict(objective=objective, efficiency_model=eff_model, noise_scale=noise, meter=meter,
                  confirm_rounds=confirm_rounds, finalists=finalists, on_progress=status)
-    if measure == 0:
+    if measure == 0 and pool is None:
         if status and given is None:
             status("profiling the model (nominal network)")
         profile = given or nominal_profile(cluster, workload, batch)
         return _tune_loop(profile, model, 0, store, storage, None, base, lossless, seed, candidates,
                           settings=settings, **extra), profile
     try:
-        with emulated(cluster, unshaped) as emu, emu.pool() as pool:
-            profile = given if given is not None else context_profile(store, pool, cluster, workload, batch, status)
+        with _ranks(cluster, unshaped, pool) as ranks:
+            profile = given if given is not None else context_profile(store, ranks, cluster, workload, batch, status)
+            recovered = _recovered(store, profile, ranks)
             if status:
                 status(f"tuning: {measure} measured trials")
-            result = _tune_loop(profile, model, measure, store, storage, pool, base, lossless, seed, candidates,
-                                settings=settings, on_measured=on_measured, workload=workload, **extra)
+            result = _tune_loop(profile, model, measure, store, storage, ranks if measure else None, base, lossless,
+                                seed, candidates, settings=settings, on_measured=on_measured, workload=workload,
+                                recovered=recovered, **extra)
     except TrialFailure as f:
         raise UserError(f"profiling failed ({f.status}): {f.reason}") from None
     finally:
         if meter is not None:
             meter.close()
     return result, profile
+
+
+def job(timeout: float = 300.0, backend: str | None = None, cluster: str | Cluster | None = None):
+    """The ranks of the distributed job this process is part of (in-job mode), as a rank pool.
+
+    Call on every rank of a torchrun (or any env://) job: it joins the job's process group (NCCL on
+    GPUs, gloo on CPUs; ``backend`` overrides) with ``timeout`` as its collectives' limit. Rank 0 passes
+    the pool to :func:`run_tune`, :func:`profile` or :func:`collect`; every other rank calls
+    ``pool.serve()`` and exits with what it returns. ``cluster``, when given, must have the job's shape
+    (hosts x ranks per host). See :mod:`autosync.executor.job`.
+    """
+    from autosync.executor.job import JobPool
+
+    pool = JobPool(timeout_s=timeout, backend=backend)
+    if cluster is not None:
+        check_job_cluster(_cluster(cluster), pool)
+    return pool
+
+
+def check_job_cluster(cluster: Cluster, pool) -> None:
+    """UserError unless ``cluster`` has the job's shape."""
+    if (cluster.nodes, cluster.ranks_per_node) != (pool.hosts, pool.ranks_per_host):
+        raise UserError(f"--cluster {cluster} says {cluster.nodes} host(s) x {cluster.ranks_per_node} rank(s), but "
+                        f"this job has {pool.hosts} host(s) x {pool.ranks_per_host} rank(s); give the job's shape "
+                        f"(its links' speed is nominal: the network is measured in the job)")
+
+
+def _ranks(cluster: Cluster, unshaped: bool, pool=None):
+    """Context manager: the job's ranks when given (in-job), else the emulated cluster's (or loopback's)."""
+    from contextlib import contextmanager, nullcontext
+
+    if pool is not None:
+        check_job_cluster(cluster, pool)
+        return nullcontext(pool)
+
+    @contextmanager
+    def emulated_pool():
+        with emulated(cluster, unshaped) as emu, emu.pool() as ranks:
+            yield ranks
+    return emulated_pool()
+
+
+def _recovered(store: DatasetStore, profile, ranks) -> list:
+    """In a job: the trial a previous run of the job died in, now stored as failed ([(source, strategy)])."""
+    from autosync.search.trials import Journal
+
+    if not hasattr(ranks, "on_abort"):
+        return []
+    found = Journal(store).recover(profile)
+    return [found] if found else []
 
 
 def _given_profile(path: str | Path, want: Context):
@@ -158,9 +213,10 @@ def _given_profile(path: str | Path, want: Context):
 
 def profile(workload_or_model, cluster: str | Cluster = "2x1@1gbit", make_batch: Callable | None = None,
             batch_size: int | None = None, nominal: bool = False, unshaped: bool = False,
-            out: str | Path | None = None, timeout: float = 900.0):
+            out: str | Path | None = None, timeout: float = 900.0, pool=None):
     """Profile a workload and a cluster: measured on the emulated cluster (or, asked for, unshaped
-    loopback), or ``nominal`` from the spec; ``out`` also saves it as JSON (checked first)."""
+    loopback, or in the job's own ranks with ``pool`` from :func:`job`), or ``nominal`` from the spec;
+    ``out`` also saves it as JSON (checked first)."""
     from autosync.executor.launch import TrialFailure
     from autosync.profiler.profile import nominal_profile, run_profile
 
@@ -173,8 +229,8 @@ def profile(workload_or_model, cluster: str | Cluster = "2x1@1gbit", make_batch:
         if nominal:
             result = nominal_profile(cluster, w, batch)
         else:
-            with emulated(cluster, unshaped) as emu, emu.pool() as pool:
-                result = run_profile(pool, cluster, w, batch, timeout=timeout)
+            with _ranks(cluster, unshaped, pool) as ranks:
+                result = run_profile(ranks, cluster, w, batch, timeout=timeout)
     except TrialFailure as f:
         raise UserError(f"profiling failed ({f.status}): {f.reason}") from None
     if out is not None:
@@ -234,7 +290,7 @@ def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | 
     if cluster is not None:
         with emulated(cluster, unshaped) as emu, emu.pool() as pool:
             result, _ = measure(pool, spec, timeout=timeout)
-        where = Context.of(w, batch, cluster, pool.network).label
+        where = Context.on(pool, w, batch, cluster).label
     else:
         with RankPool(world, ranks_per_host=ranks_per_host) as pool:
             result, _ = measure(pool, spec, timeout=timeout)
@@ -244,8 +300,10 @@ def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | 
 
 def collect(workload_names: list[str], clusters: list[str | Cluster], data: str | Path = "autosync-data",
             per_context: int = 20, timeout: float = 90.0, budget: float = 4.0, batch_size: int | None = None,
-            seed: int = 0, unshaped: bool = False, progress: bool = True) -> dict[str, int]:
-    """Measure every baseline and ``per_context`` random strategies per (workload, cluster) into ``data``."""
+            seed: int = 0, unshaped: bool = False, progress: bool = True, pool=None) -> dict[str, int]:
+    """Measure every baseline and ``per_context`` random strategies per (workload, cluster) into ``data``.
+
+    With ``pool`` (the job's ranks, from :func:`job`), measured in the job: one cluster, of the job's shape."""
     from autosync.search.collect import collect as _collect
     from autosync.search.trials import TrialSettings
 
@@ -255,8 +313,13 @@ def collect(workload_names: list[str], clusters: list[str | Cluster], data: str 
     store = DatasetStore(data)
     store.read()  # a damaged dataset is reported before anything is measured
     settings = TrialSettings(timeout_s=timeout, time_budget_s=budget, seed=seed)
-    return _collect(workload_names, [_cluster(c) for c in clusters], store, per_context, settings, batch_size, seed,
-                    progress, unshaped=unshaped)
+    clusters = [_cluster(c) for c in clusters]
+    if pool is not None:
+        if len(clusters) != 1:
+            raise UserError("in a job, collect measures the job's own cluster: give one --clusters spec, its shape")
+        check_job_cluster(clusters[0], pool)
+    return _collect(workload_names, clusters, store, per_context, settings, batch_size, seed,
+                    progress, unshaped=unshaped, ranks=(lambda c: _ranks(c, unshaped, pool)) if pool is not None else None)
 
 
 def tune(workload_or_model, make_batch: Callable | None = None, cluster: str | Cluster = "2x1@1gbit",

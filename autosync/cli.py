@@ -58,6 +58,43 @@ def _cluster_spec(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _add_in_job(p, timeout_note: str) -> None:
+    p.add_argument("--in-job", action="store_true",
+                   help="run inside the distributed job this command was started in (torchrun --nnodes N "
+                        "--nproc-per-node G -m autosync.cli ... --in-job): measure on the job's own ranks, devices "
+                        "and network instead of an emulated cluster; rank 0 writes every file, the other ranks "
+                        f"serve it; --cluster gives the job's shape (hosts x ranks). {timeout_note}")
+    p.add_argument("--backend", choices=["nccl", "gloo"], default=None,
+                   help="with --in-job: the process group's backend (default: nccl on GPUs, gloo on CPUs)")
+
+
+def _job_aware(cmd):
+    """With --in-job, join the job: rank 0 runs ``cmd`` with ``args.pool`` (the job's ranks); the others serve."""
+    import functools
+
+    @functools.wraps(cmd)
+    def wrapped(args) -> int:
+        args.pool = None
+        if not getattr(args, "in_job", False):
+            if getattr(args, "backend", None):
+                raise UserError("--backend applies only with --in-job (emulated clusters run gloo on CPUs)")
+            return cmd(args)
+        for flag in ("unshaped", "nominal"):
+            if getattr(args, flag, False):
+                raise UserError(f"--in-job measures the job's own network; --{flag} does not apply")
+        from autosync import api
+
+        pool = api.job(timeout=args.timeout, backend=args.backend)
+        if pool.rank != 0:
+            return pool.serve()
+        args.pool = pool
+        try:
+            return cmd(args)
+        finally:
+            pool.close()
+    return wrapped
+
+
 def _add_run(sub) -> None:
     p = sub.add_parser(
         "run", help="measure one strategy on real ranks",
@@ -203,15 +240,21 @@ def _run_under_torchrun(args) -> int:
     from autosync.executor.launch import RankContext
     from autosync.executor.measure import TrialSpec, run_trial, summarize
 
+    from autosync.executor import device as dev
+
     strategy, batch_size = _validate_run(args)
-    dist.init_process_group("gloo")
-    ctx = RankContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    device = dev.default_device()
+    dev.set_device(device)
+    backend = dev.backend_for(device)
+    dist.init_process_group(backend)
+    ctx = RankContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                      device=device, backend=backend)
     spec = TrialSpec(args.workload, strategy.canonical(), batch_size, args.warmup, args.steps, args.seed)
     t0 = time.monotonic()
     raw = run_trial(ctx, spec)
     if ctx.rank == 0:
         _print_result(summarize(spec, ctx.world_size, raw, time.monotonic() - t0), args.json,
-                      f"{args.workload} x {ctx.world_size} ranks (torchrun), strategy {strategy.hash}")
+                      f"{args.workload} x {ctx.world_size} ranks (torchrun, {backend}/{device}), strategy {strategy.hash}")
     dist.destroy_process_group()
     return 0
 
@@ -233,7 +276,8 @@ def _add_profile(sub) -> None:
     p.add_argument("--unshaped", action="store_true",
                    help="measure on this host's loopback without shaping the links (no root needed); the results "
                         "are labelled unshaped and never mixed with shaped data")
-    p.set_defaults(func=_cmd_profile)
+    _add_in_job(p, "--timeout is then also the limit of each collective.")
+    p.set_defaults(func=_job_aware(_cmd_profile))
 
 
 def _cmd_profile(args) -> int:
@@ -244,7 +288,7 @@ def _cmd_profile(args) -> int:
 
     with Console(stderr=True).status(f"profiling {args.workload} and {args.cluster}"):
         profile = api.profile(args.workload, args.cluster, batch_size=args.batch_size, nominal=args.nominal,
-                              unshaped=args.unshaped, out=args.out, timeout=args.timeout)
+                              unshaped=args.unshaped, out=args.out, timeout=args.timeout, pool=args.pool)
     m = profile.model
     table = Table(title=f"profile of {args.workload} on {profile.context.label} -> {args.out}")
     table.add_column("what")
@@ -284,7 +328,8 @@ def _add_collect(sub) -> None:
     p.add_argument("--unshaped", action="store_true",
                    help="measure on this host's loopback without shaping the links (no root needed); the results "
                         "are labelled unshaped and never mixed with shaped data")
-    p.set_defaults(func=_cmd_collect)
+    _add_in_job(p, "Give one --clusters spec; --timeout is then also the limit of each collective.")
+    p.set_defaults(func=_job_aware(_cmd_collect))
 
 
 def _cmd_collect(args) -> int:
@@ -292,7 +337,7 @@ def _cmd_collect(args) -> int:
 
     counts = api.collect(args.workloads, args.clusters, data=args.data, per_context=args.per_context,
                          timeout=args.timeout, budget=args.budget, batch_size=args.batch_size, seed=args.seed,
-                         unshaped=args.unshaped)
+                         unshaped=args.unshaped, pool=args.pool)
     print(f"collect: {counts['ok']} ok, {counts['failed']} failed, {counts['timeout']} timed out, "
           f"{counts['skipped']} already stored -> {args.data}")
     return 0
@@ -466,12 +511,15 @@ def _add_tune(sub) -> None:
                    help="time limit of each measured trial; all its ranks are killed past it (default 90 s)")
     p.add_argument("--profile", metavar="FILE", default=None,
                    help="a profile from `autosync profile` of this workload and cluster, used instead of profiling "
-                        "(e.g. one measured on the real cluster, with --measure 0)")
+                        "(e.g. one measured in the real job by `autosync profile --in-job`, with --measure 0)")
     p.add_argument("--seed", type=_non_negative_int, default=0)
     p.add_argument("--unshaped", action="store_true",
                    help="measure on this host's loopback without shaping the links (no root needed); the results "
                         "are labelled unshaped and never mixed with shaped data")
-    p.set_defaults(func=_cmd_tune)
+    _add_in_job(p, "A trial that fails ends the job so that torchrun --max-restarts starts it again with a fresh "
+                   "process group; the search resumes from the dataset and the study, the failed trial stored "
+                   "with its reason. --timeout is then also the limit of each collective.")
+    p.set_defaults(func=_job_aware(_cmd_tune))
 
 
 def _cmd_tune(args) -> int:
@@ -503,7 +551,8 @@ def _cmd_tune(args) -> int:
                                    args.data, args.batch_size, args.cost_model, args.seed, args.candidates,
                                    on_measured=on_measured, status=lambda text: status.update(text),
                                    profile_path=args.profile, settings=TrialSettings(timeout_s=args.timeout),
-                                   unshaped=args.unshaped, objective=objective, confirm_rounds=args.confirm_rounds)
+                                   unshaped=args.unshaped, objective=objective, confirm_rounds=args.confirm_rounds,
+                                   pool=args.pool)
     Path(args.out).write_text(strategy_file_text(result, profile))
     console = _console()
     if result.measured:

@@ -65,3 +65,9 @@ class Context:
         """From a workload (name or object), a batch size and a Cluster (or its spec)."""
         spec = cluster.spec() if hasattr(cluster, "spec") else str(cluster)
         return cls(str(workload), int(batch_size), spec, network, backend, device)
+
+    @classmethod
+    def on(cls, pool, workload, batch_size: int, cluster) -> "Context":
+        """The context a rank pool (local, emulated or a job's own ranks) measures in."""
+        device = "cuda" if str(getattr(pool, "device", "cpu")).startswith("cuda") else "cpu"
+        return cls.of(workload, batch_size, cluster, pool.network, getattr(pool, "backend", "gloo"), device)

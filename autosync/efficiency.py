@@ -133,11 +133,14 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
 
     from autosync import workloads
     from autosync.executor.apply import apply, release
+    from autosync.executor.device import now, to_device
     from autosync.executor.measure import _make_optimizer
 
     t0 = time.monotonic()
+    device = ctx.device
     strategy = Strategy.from_dict(spec.strategy)
     model, make_batch = workloads.build(spec.workload, seed=spec.seed)
+    model.to(device)
     optimizer = _make_optimizer(spec.optimizer, model.parameters(), spec.lr)
     ddp, optimizer = apply(model, optimizer, strategy, init_sync=False)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -146,7 +149,7 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
     eval_gen = torch.Generator().manual_seed(EVAL_SEED)
     n_eval = max(world, math.ceil(EVAL_SAMPLES / spec.batch_size))
     n_eval -= n_eval % world
-    eval_batches = [make_batch(spec.batch_size, eval_gen) for _ in range(n_eval)]
+    eval_batches = [to_device(make_batch(spec.batch_size, eval_gen), device) for _ in range(n_eval)]
     mine = eval_batches[ctx.rank::world]
     consensus = None
     sig: dict[str, list[float]] = {"grad_error": [], "ef_norm": [], "local_drift": [], "grad_noise_scale": []}
@@ -162,7 +165,8 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
                 c.copy_(p)
                 dist.all_reduce(c.data)
                 c.div_(world)
-            total = torch.tensor([sum(float(workloads.loss_of(consensus(**b))) for b in mine)], dtype=torch.float64)
+            total = torch.tensor([sum(float(workloads.loss_of(consensus(**b))) for b in mine)], dtype=torch.float64,
+                                 device=device)
         dist.all_reduce(total)
         return total.item() / n_eval
 
@@ -171,9 +175,9 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
     try:
         dist.barrier()
         evals.append(evaluate())
-        clock = time.perf_counter()
+        clock = now(device)
         for step in range(1, spec.horizon + 1):
-            batch = make_batch(spec.batch_size, gen)
+            batch = to_device(make_batch(spec.batch_size, gen), device)
             signal_step = spec.signals and not timed and step % spec.eval_every == 0
             if signal_step:
                 with ddp.no_sync():
@@ -183,7 +187,7 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
                 mean = local.clone()
                 dist.all_reduce(mean)
                 mean /= world
-                sq = torch.tensor([float(local.pow(2).sum())], dtype=torch.float64)
+                sq = torch.tensor([float(local.pow(2).sum())], dtype=torch.float64, device=device)
                 dist.all_reduce(sq)
                 small, big = sq.item() / world, float(mean.pow(2).sum())
                 b, bb = spec.batch_size, spec.batch_size * world
@@ -196,7 +200,7 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
             if signal_step:
                 applied = _flat_grads(params)
                 err = torch.tensor([float((applied - mean).norm()) / max(float(mean.norm()), 1e-30),
-                                    ddp.autosync_state.error_norm()], dtype=torch.float64)
+                                    ddp.autosync_state.error_norm()], dtype=torch.float64, device=device)
                 dist.all_reduce(err)
                 sig["grad_error"].append(err[0].item() / world)
                 sig["ef_norm"].append(err[1].item() / world)
@@ -211,14 +215,14 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
                 avg = flat.clone()
                 dist.all_reduce(avg)
                 avg /= world
-                dev = torch.tensor([float((flat - avg).pow(2).sum())], dtype=torch.float64)
+                dev = torch.tensor([float((flat - avg).pow(2).sum())], dtype=torch.float64, device=device)
                 dist.all_reduce(dev)
                 sig["local_drift"].append(math.sqrt(dev.item() / world) / max(float(avg.norm()), 1e-30))
             if step % spec.eval_every == 0 or step == spec.horizon:
-                train_s.append(train_s[-1] + time.perf_counter() - clock)
+                train_s.append(train_s[-1] + now(device) - clock)
                 steps.append(step)
                 evals.append(evaluate())
-                clock = time.perf_counter()
+                clock = now(device)
                 if timed:
                     # every rank holds the same reduced losses: the decision is the same everywhere
                     n = steps_to(steps, evals, spec.stop_at)

@@ -61,7 +61,7 @@ def time_to_target(pool, workload, batch, strategy, goal, meter, max_train_s=Non
 
 def run_context(pool, cluster, spec, wl, args, shipped, base, cost_model, eff_model, work, settings, say):
     batch = W.default_batch_size(wl)
-    ctx = Context.of(wl, batch, cluster, pool.network).id
+    ctx = Context.on(pool, wl, batch, cluster).id
     raw = shipped.load_profile_dict(ctx)
     profile = Profile.from_dict(raw) if raw else context_profile(DatasetStore(work / "profiles"), pool, cluster, wl,
                                                                  batch, say)

@@ -75,7 +75,7 @@ def main() -> None:
                 t0 = time.monotonic()
                 from autosync import workloads as W
 
-                ctx = Context.of(wl, W.default_batch_size(wl), cluster, pool.network).id
+                ctx = Context.on(pool, wl, W.default_batch_size(wl), cluster).id
                 raw = shipped.load_profile_dict(ctx)
                 profile = Profile.from_dict(raw) if raw else run_profile(pool, cluster, wl)
                 hand = baselines(profile)

@@ -12,7 +12,15 @@ module of the registry :mod:`autosync.plans`; this module only cuts buckets and 
 Segments run one after another on a single worker thread per rank, so every rank issues
 the same collectives in the same order while backward goes on (overlap). When every group
 is a plan with a fast path (plain all-reduce, uncompressed), the hook issues one
-asynchronous all-reduce per bucket instead, like DDP's own ``allreduce_hook``.
+asynchronous all-reduce per bucket instead, like DDP's own ``allreduce_hook``, and chains
+its result from the collective's own future.
+
+Devices: every temporary a plan makes lives on the bucket's device. On CUDA the worker
+thread makes the bucket's device current and issues its kernels on the stream that was
+current when DDP called the hook (the stream backward wrote the bucket on), so they are
+ordered after the gradients they read; the future handed back to DDP is created with the
+bucket's device, so it records an event on that stream when it is set and DDP's waiting
+stream waits for it (no host synchronization, no cross-stream hazard).
 """
 # No "from __future__ import annotations": DDP checks the hook's annotations at run time.
 
@@ -154,12 +162,21 @@ class SyncState:
         norms = [c.error_norm(st) for c, st in zip(self.compressors, self.compressor_states)]
         return sum(n ** 2 for n in norms if n is not None) ** 0.5
 
-    def submit(self, fn, *args) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
+    def submit(self, device: torch.device, fn, *args) -> torch.futures.Future:
+        """Run ``fn(*args)`` on the worker thread; a future for its result, right on ``device``."""
+        if device.type == "cuda":
+            stream = torch.cuda.current_stream(device)
+            fut: torch.futures.Future = torch.futures.Future(devices=[device])
+        else:
+            stream, fut = None, torch.futures.Future()
 
         def work() -> None:
             try:
-                fut.set_result(fn(*args))
+                if stream is None:
+                    fut.set_result(fn(*args))
+                else:
+                    with torch.cuda.device(device), torch.cuda.stream(stream):
+                        fut.set_result(fn(*args))   # records an event on ``stream`` for DDP to wait on
             except BaseException as e:  # noqa: BLE001 - handed to DDP, which raises it in backward
                 fut.set_exception(e)
 
@@ -184,4 +201,4 @@ def autosync_hook(state: SyncState, bucket: dist.GradBucket) -> torch.futures.Fu
         work = dist.all_reduce(buffer, group=state.pg, async_op=True)
         return work.get_future().then(lambda fut: fut.value()[0].div_(state.world))
     segments = state.segments(bucket.parameters(), buffer.numel())
-    return state.submit(state.run_bucket, buffer, segments, bucket.is_last())
+    return state.submit(buffer.device, state.run_bucket, buffer, segments, bucket.is_last())

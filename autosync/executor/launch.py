@@ -59,6 +59,8 @@ class RankContext:
     world_size: int
     ranks_per_host: int
     extra: dict = field(default_factory=dict)
+    device: str = "cpu"          # where this rank computes (executor.device): cpu, or cuda:<local rank>
+    backend: str = "gloo"
 
 
 def free_port() -> int:
@@ -123,6 +125,7 @@ class RankPool:
                  threads_per_rank: int | None = None, start_timeout: float = 120.0, network: str = "unshaped"):
         self.world_size = world_size
         self.network = network          # what the ranks' links are: unshaped loopback, emulated, or real (Context)
+        self.backend, self.device = "gloo", "cpu"   # local ranks: CPU tensors over gloo
         self.ranks_per_host = ranks_per_host or world_size
         self.placements = placements or [RankPlacement()] * world_size
         self.master_addr = master_addr

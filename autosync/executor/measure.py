@@ -87,11 +87,14 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
     import torch.distributed as dist
 
     from autosync import workloads
+    from autosync.executor import device as dev
     from autosync.executor.apply import apply, release
 
     reset_peak_rss()
+    device = ctx.device
     strategy = Strategy.from_dict(spec.strategy)
     model, make_batch = workloads.build(spec.workload, seed=spec.seed)
+    model.to(device)
     optimizer = _make_optimizer(spec.optimizer, model.parameters(), spec.lr)
     if spec.builtin_ddp:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -109,32 +112,28 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
         dist.barrier()
         step = 0
         while step < total:
-            batch = make_batch(spec.batch_size, gen)
-            t0 = time.perf_counter()
+            batch = dev.to_device(make_batch(spec.batch_size, gen), device)
+            t0 = dev.now(device)
             loss = workloads.loss_of(ddp(**batch))
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
-            times.append(time.perf_counter() - t0)
+            times.append(dev.now(device) - t0)   # synchronized: the step's kernels are done
             losses.append(loss.item())
             step += 1
             if step == spec.warmup_steps and spec.time_budget_s:
-                slowest = torch.tensor([max(times[-1:] or [0.0])])
-                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # every rank takes the same decision
-                fits = int(spec.time_budget_s / max(slowest.item(), 1e-6))
+                slowest = dev.reduce_values([max(times[-1:] or [0.0])], "max", device)[0]  # same decision everywhere
+                fits = int(spec.time_budget_s / max(slowest, 1e-6))
                 total = spec.warmup_steps + _whole_periods(max(spec.min_steps, min(spec.steps, fits)), period)
     finally:
         release(ddp)
-    summary = torch.tensor([times, losses], dtype=torch.float64)
-    slowest = summary[0].clone()
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    dist.all_reduce(summary[1])
-    peak = torch.tensor([peak_rss_mb()])
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    out: dict[str, Any] = {"step_times": slowest.tolist(), "losses": (summary[1] / ctx.world_size).tolist(),
-                           "peak_mem_mb": float(peak.item())}
-    if spec.record_params and ctx.rank == 0:
-        out["params"] = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+    slowest = dev.reduce_values(times, "max", device)
+    loss_sum = dev.reduce_values(losses, "sum", device)
+    peak = dev.reduce_values([peak_rss_mb()], "max", device)[0]
+    out: dict[str, Any] = {"step_times": slowest, "losses": [x / ctx.world_size for x in loss_sum],
+                           "peak_mem_mb": float(peak)}
+    if spec.record_params and ctx.rank == 0:   # the only copy to the host, and only when asked
+        out["params"] = {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
     return out
 
 

@@ -95,9 +95,16 @@ def _owner_types(model: nn.Module) -> dict[str, str]:
 
 
 def profile_model(workload, batch_size: int | None = None, repeats: int = 5, warmup: int = 2,
-                  seed: int = 0) -> ModelProfile:
-    """Profile ``workload`` in this process (no communication) at ``batch_size`` per rank."""
+                  seed: int = 0, device: str = "cpu") -> ModelProfile:
+    """Profile ``workload`` in this process (no communication) at ``batch_size`` per rank, on ``device``.
+
+    On CUDA every time is of finished kernels: phases are read after a synchronize, gradient-ready
+    times from events recorded in the gradient hooks (:class:`autosync.executor.device.Marks`).
+    """
+    from autosync.executor.device import Marks, now, to_device
+
     model, make_batch = workloads.build(workload, seed=seed)
+    model.to(device)
     batch_size = batch_size or workloads.default_batch_size(workload)
     workloads.check_batch(workload, model, make_batch, batch_size)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -106,13 +113,14 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
     optimizer = torch.optim.SGD([p for _, p in named], lr=1e-3, momentum=0.9)
     gen = torch.Generator().manual_seed(seed)
 
-    ready: dict[str, list[float]] = {n: [] for n, _ in named}
+    ready: dict[str, list] = {n: [] for n, _ in named}      # marks, resolved to seconds after each backward
     touched: dict[str, list[float]] = {n: [] for n in embeddings}
-    t_backward = [0.0]
+    marks = Marks(device)
+    ready_s: dict[str, list[float]] = {n: [] for n, _ in named}
 
     def hook_for(name: str):
         def hook(param: torch.Tensor) -> None:
-            ready[name].append(time.perf_counter() - t_backward[0])
+            ready[name].append(marks.mark())
         return hook
 
     handles = [p.register_post_accumulate_grad_hook(hook_for(n)) for n, p in named]
@@ -120,27 +128,28 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
     reset_peak_rss()
     try:
         for i in range(warmup + repeats):
-            batch = make_batch(batch_size, gen)
-            t0 = time.perf_counter()
+            batch = to_device(make_batch(batch_size, gen), device)
+            t0 = now(device)
             loss = workloads.loss_of(model(**batch))
-            t1 = time.perf_counter()
-            t_backward[0] = t1
+            t1 = now(device)
+            marks.start()
             loss.backward()
-            t2 = time.perf_counter()
+            t2 = now(device)
+            for n, v in ready.items():
+                if i >= warmup:
+                    ready_s[n].extend(marks.seconds(m) for m in v)
+                v.clear()
             for n, p in named:
                 if n in embeddings and p.grad is not None:
                     touched[n].append((p.grad.abs().sum(1) != 0).float().mean().item())
-            t3 = time.perf_counter()
+            t3 = now(device)
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
-            t4 = time.perf_counter()
+            t4 = now(device)
             if i >= warmup:
                 fwd.append(t1 - t0)
                 bwd.append(t2 - t1)
                 opt.append(t4 - t3)
-            else:
-                for v in ready.values():
-                    v.clear()
     except UserError:
         raise
     except Exception as e:
@@ -150,17 +159,19 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
         for h in handles:
             h.remove()
     peak = peak_rss_mb()
+    if device.startswith("cuda"):   # what bounds a GPU job is its device memory
+        peak = torch.cuda.max_memory_allocated(torch.device(device)) / 2 ** 20
 
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
     with counter:
-        workloads.loss_of(model(**make_batch(batch_size, gen))).backward()
+        workloads.loss_of(model(**to_device(make_batch(batch_size, gen), device))).backward()
     optimizer.zero_grad(set_to_none=False)
 
     infos = []
     for n, p in named:
-        times = ready[n]
+        times = ready_s[n]
         infos.append(ParamInfo(
             name=n, shape=tuple(p.shape), numel=p.numel(), dtype=str(p.dtype).removeprefix("torch."),
             module_type=owner.get(n, ""), is_embedding=n in embeddings,

@@ -119,33 +119,37 @@ class NetworkProfile:
 
 # --- rank side --------------------------------------------------------------------------------
 
-def _run_op(op: str, nbytes: int, group, group_ranks: list[int], me: int, peer: int | None):
+def _run_op(op: str, nbytes: int, group, group_ranks: list[int], me: int, peer: int | None, device: str = "cpu"):
+    import functools
+
     import torch
     import torch.distributed as dist
 
     numel = max(1, nbytes // 4)
     p = len(group_ranks)
+    ones = functools.partial(torch.ones, device=device)    # every buffer on the rank's device
+    empty = functools.partial(torch.empty, device=device)
     if op == "all_reduce":
-        t = torch.ones(numel)
+        t = ones(numel)
         return lambda: dist.all_reduce(t, group=group)
     if op == "reduce":
-        t = torch.ones(numel)
+        t = ones(numel)
         return lambda: dist.reduce(t, dst=group_ranks[0], group=group)
     if op == "broadcast":
-        t = torch.ones(numel)
+        t = ones(numel)
         return lambda: dist.broadcast(t, src=group_ranks[0], group=group)
     if op == "all_gather":
-        out = torch.empty(numel // p * p)
-        inp = torch.ones(numel // p)
+        out = empty(numel // p * p)
+        inp = ones(numel // p)
         gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
         return lambda: gather(out, inp, group=group)
     if op == "reduce_scatter":
-        inp = torch.ones(numel // p * p)
-        out = torch.empty(numel // p)
+        inp = ones(numel // p * p)
+        out = empty(numel // p)
         scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
         return lambda: scatter(out, inp, group=group)
     if op == "send_recv":
-        t = torch.ones(numel)
+        t = ones(numel)
         if peer is None:
             return lambda: None
         first = me < peer
@@ -162,27 +166,27 @@ def _run_op(op: str, nbytes: int, group, group_ranks: list[int], me: int, peer: 
 
 
 def _sweep(group, group_ranks: list[int], me: int, peer: int | None, sizes, max_op_s: float,
-           reps: int) -> dict[str, list[tuple[int, float]]]:
-    import torch
+           reps: int, device: str = "cpu") -> dict[str, list[tuple[int, float]]]:
     import torch.distributed as dist
+
+    from autosync.executor.device import now, reduce_values
 
     out: dict[str, list[tuple[int, float]]] = {}
     for op in COLLECTIVES:
         points = []
         for nbytes in sizes:
-            fn = _run_op(op, nbytes, group, group_ranks, me, peer)
+            fn = _run_op(op, nbytes, group, group_ranks, me, peer, device)
             fn()  # warm-up (connections, allocations, TCP window)
             times = []
             for _ in range(reps):
                 dist.barrier(group=group)
-                t0 = time.perf_counter()
+                t0 = now(device)
                 fn()
-                times.append(time.perf_counter() - t0)
-            worst = torch.tensor([statistics.median(times)])
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
-            seconds = worst.item() / (2 if op == "send_recv" else 1)
+                times.append(now(device) - t0)   # synchronized: the collective's kernels are done
+            worst = reduce_values([statistics.median(times)], "max", device, group=group)[0]
+            seconds = worst / (2 if op == "send_recv" else 1)
             points.append((nbytes, seconds))
-            if worst.item() > max_op_s:
+            if worst > max_op_s:
                 break
         out[op] = points
     return out
@@ -197,7 +201,7 @@ def _bench_task(ctx: RankContext, sizes, max_op_s: float, reps: int) -> dict:
     peer_world = rph if nodes > 1 else (1 if world > 1 else None)   # first rank of another host
     results["world"] = _sweep(dist.group.WORLD, list(range(world)), ctx.rank,
                               peer_world if ctx.rank == 0 else (0 if ctx.rank == peer_world else None),
-                              sizes, max_op_s, reps)
+                              sizes, max_op_s, reps, ctx.device)
     if nodes > 1 and rph > 1:
         intra = None
         for h in range(nodes):  # every rank creates every subgroup, in the same order
@@ -208,11 +212,12 @@ def _bench_task(ctx: RankContext, sizes, max_op_s: float, reps: int) -> dict:
         host0 = ctx.rank - ctx.rank % rph
         local = ctx.rank % rph
         peer = (host0 + 1 if local == 0 else host0) if local in (0, 1) else None
-        results["intra"] = _sweep(intra, list(range(host0, host0 + rph)), ctx.rank, peer, sizes, max_op_s, reps)
+        results["intra"] = _sweep(intra, list(range(host0, host0 + rph)), ctx.rank, peer, sizes, max_op_s, reps,
+                                  ctx.device)
         if local == 0:
             lead_peer = rph if ctx.rank == 0 else (0 if ctx.rank == rph else None)
             results["inter"] = _sweep(leaders, list(range(0, world, rph)), ctx.rank, lead_peer, sizes,
-                                      max_op_s, reps)
+                                      max_op_s, reps, ctx.device)
         dist.barrier()
     return results
 

@@ -21,12 +21,15 @@ class ProfileError(UserError):
     """A profile file that cannot be read, or is of another version."""
 
 
-def environment(network: str = "emulated", backend: str = "gloo", device: str = "cpu") -> dict:
-    """The environment a profile was taken in; ``network``, ``backend`` and ``device`` enter its Context."""
+def environment(network: str = "emulated", backend: str = "gloo", device: str = "cpu", **extra) -> dict:
+    """The environment a profile was taken in; ``network``, ``backend`` and ``device`` (cpu | cuda) enter its
+    Context; ``extra`` records more of what was real (device name and count, NCCL version, hosts x ranks)."""
     import torch
 
-    return {"torch": torch.__version__, "network": network, "backend": backend, "device": device,
-            "cores": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()}
+    from autosync.executor.device import kind
+
+    return {"torch": torch.__version__, "network": network, "backend": backend, "device": kind(device),
+            "cores": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(), **extra}
 
 
 @dataclass
@@ -84,8 +87,8 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def _model_task(ctx: RankContext, workload: str, batch_size: int | None) -> dict:
-    """Every rank profiles its own copy at once, so compute shares the cores as in training."""
-    return profile_model(workload, batch_size).to_dict()
+    """Every rank profiles its own copy at once, on its own device, so compute shares what it shares in training."""
+    return profile_model(workload, batch_size, device=ctx.device).to_dict()
 
 
 def run_profile(pool: RankPool, cluster: Cluster, workload: str, batch_size: int | None = None,
@@ -96,7 +99,9 @@ def run_profile(pool: RankPool, cluster: Cluster, workload: str, batch_size: int
     """
     model = ModelProfile.from_dict(pool.run(_model_task, workload, batch_size, timeout=timeout)[0])
     network = profile_network(pool, timeout=timeout) if measure_network else NetworkProfile.nominal(cluster)
-    return Profile(model, network, cluster, environment(pool.network if measure_network else "nominal"))
+    env = environment(pool.network if measure_network else "nominal", pool.backend, pool.device,
+                      **getattr(pool, "facts", {}))
+    return Profile(model, network, cluster, env)
 
 
 def nominal_profile(cluster: Cluster, workload: str, batch_size: int | None = None) -> Profile:

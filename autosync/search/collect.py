@@ -21,7 +21,7 @@ from autosync.profiler import Profile
 from autosync.profiler.profile import run_profile
 from autosync.search.baselines import baselines
 from autosync.search.space import random_strategies
-from autosync.search.trials import TrialSettings, run_trials
+from autosync.search.trials import Journal, TrialSettings, run_trials
 from autosync.strategy import Strategy
 
 log = logging.getLogger(__name__)
@@ -43,12 +43,20 @@ def candidates_for(profile: Profile, per_context: int, seed: int) -> list[tuple[
 
 def collect(workloads: list[str], clusters: list[Cluster], store: DatasetStore, per_context: int,
             settings: TrialSettings = TrialSettings(), batch_size: int | None = None, seed: int = 0,
-            progress: bool = True, unshaped: bool = False) -> dict[str, int]:
+            progress: bool = True, unshaped: bool = False, ranks=None) -> dict[str, int]:
     """Run the campaign; returns counts of trials by status (skipped = already stored).
 
     ``unshaped`` measures on local loopback instead of the emulated cluster (only when asked:
     without the rights to emulate it refuses); those rows carry an unshaped context id.
+    ``ranks(cluster)``, a context manager giving a rank pool, replaces the emulated cluster (in-job mode).
     """
+    from contextlib import contextmanager
+
+    @contextmanager
+    def emulated(cluster):
+        with emulate(cluster, unshaped=unshaped) as emu, emu.pool() as pool:
+            yield pool
+    ranks = ranks or emulated
     counts = {"ok": 0, "failed": 0, "timeout": 0, "skipped": 0}
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("ETA"), TimeRemainingColumn(), disable=not progress, transient=False)
@@ -56,10 +64,12 @@ def collect(workloads: list[str], clusters: list[Cluster], store: DatasetStore, 
         guess = per_context + 9  # baselines per context; fewer when one equals another (known after profiling)
         total = bar.add_task("collect", total=len(workloads) * len(clusters) * guess)
         for cluster in clusters:
-            with emulate(cluster, unshaped=unshaped) as emu, emu.pool() as pool:
+            with ranks(cluster) as pool:
                 for workload in workloads:
                     bar.update(total, description=f"{workload} on {cluster}: profiling")
                     profile = context_profile(store, pool, cluster, workload, batch_size)
+                    if hasattr(pool, "on_abort"):   # in a job: a trial the last run died in is stored as failed
+                        Journal(store).recover(profile)
                     cands = candidates_for(profile, per_context, seed)
                     bar.update(total, total=bar.tasks[total].total + len(cands) - guess)
                     bar.update(total, description=f"{workload} on {cluster}")
@@ -80,7 +90,7 @@ def context_profile(store: DatasetStore, pool, cluster: Cluster, workload, batch
     from autosync import workloads as wl
 
     batch = batch_size or wl.default_batch_size(workload)
-    context = Context.of(workload, batch, cluster, pool.network)
+    context = Context.on(pool, workload, batch, cluster)
     stored = store.load_profile_dict(context.id)
     if stored is not None:
         return Profile.from_dict(stored, str(store.profile_path(context.id)))

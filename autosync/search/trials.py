@@ -10,13 +10,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from autosync.datasets.store import DatasetStore
 from autosync.executor.launch import RankPool
 from autosync.executor.measure import TrialResult, TrialSpec, measure
 from autosync.models.simulator import simulate
 from autosync.profiler import Profile
-from autosync.strategy import Strategy
+from autosync.strategy import Strategy, loads_strategy
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +67,80 @@ def trial_row(profile: Profile, strategy: Strategy, source: str, result: TrialRe
             "steps": len(result.step_times), "peak_mem_mb": result.peak_mem_mb, "timestamp": time.time()}
 
 
+class Journal:
+    """The trial an in-job run is measuring, kept on disk so that a job that dies inside it stores it as failed.
+
+    In a job (:class:`autosync.executor.job.JobPool`) a rank killed mid-trial takes every rank down
+    with it, rank 0 included, before anything is recorded. So rank 0 writes the trial here *before*
+    running it (one JSON file in the dataset folder, replaced atomically) and removes it once the
+    outcome is stored. When the job starts again, :meth:`recover` stores a leftover trial of the
+    context as failed (or timed out, when a watchdog wrote that reason), and the search goes on.
+    """
+
+    DEFAULT_REASON = ("the job ended while this trial ran (a rank was killed or crashed, or the job was stopped); "
+                      "stored as failed when the job started again")
+
+    def __init__(self, store: DatasetStore):
+        self.store = store
+        self.path = Path(store.root) / "in-job-started.json"
+
+    def _write(self, entry: dict) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(entry))
+        os.replace(tmp, self.path)
+
+    def begin(self, profile: Profile, strategy: Strategy, source: str) -> None:
+        self._write({"context_id": profile.context_id, "strategy": strategy.to_json(), "source": source,
+                     "status": "failed", "reason": self.DEFAULT_REASON, "started": time.time()})
+
+    def abort(self, status: str, reason: str) -> None:
+        """Say why the job is ending inside the trial (a watchdog's timeout)."""
+        try:
+            entry = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return
+        self._write({**entry, "status": status, "reason": f"{reason}; stored when the job started again"})
+
+    def end(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def recover(self, profile: Profile) -> tuple[str, Strategy] | None:
+        """Store a trial of this context that a previous run of the job started and never finished (as failed,
+        unless its outcome was stored after all); its (source, strategy), or None when there is none."""
+        try:
+            entry = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            log.warning("%s: unreadable, removed", self.path)
+            self.end()
+            return None
+        if entry.get("context_id") != profile.context_id:
+            return None
+        strategy = loads_strategy(entry["strategy"])
+        if strategy.hash not in {h for ctx, h in self.store.keys() if ctx == profile.context_id}:
+            result = TrialResult(profile.model.workload, strategy.hash, profile.cluster.world_size,
+                                 profile.model.batch_size, entry["status"], entry["reason"][:500])
+            self.store.append([trial_row(profile, strategy, entry["source"], result)])
+            log.warning("%s %s: %s", profile.context_id, strategy.hash, entry["reason"])
+        self.end()
+        return entry["source"], strategy
+
+
 def measure_strategy(pool: RankPool, profile: Profile, strategy: Strategy, settings: TrialSettings,
-                     workload=None) -> TrialResult:
-    """One trial; ``workload`` (default: the profile's workload name) may be a workloads.InMemory."""
+                     workload=None, store: DatasetStore | None = None, source: str = "") -> TrialResult:
+    """One trial; ``workload`` (default: the profile's workload name) may be a workloads.InMemory.
+
+    Inside a job (a pool with ``on_abort``) and given the ``store`` its outcome goes to, the trial is
+    written to the :class:`Journal` first; the caller ends it once the outcome is stored.
+    """
     spec = TrialSpec(workload or profile.model.workload, strategy.canonical(), profile.model.batch_size,
                      warmup_steps=settings.warmup_steps, steps=settings.max_steps, seed=settings.seed,
                      time_budget_s=settings.time_budget_s, min_steps=settings.min_steps)
+    if store is not None and hasattr(pool, "on_abort"):
+        journal = Journal(store)
+        journal.begin(profile, strategy, source)
+        pool.on_abort = journal.abort
     result, _ = measure(pool, spec, timeout=settings.timeout_s)
     return result
 
@@ -86,8 +155,9 @@ def run_trials(pool: RankPool, profile: Profile, candidates: list[tuple[str, Str
             if on_done:
                 on_done(source, strategy, None)
             continue
-        result = measure_strategy(pool, profile, strategy, settings)
+        result = measure_strategy(pool, profile, strategy, settings, store=store, source=source)
         store.append([trial_row(profile, strategy, source, result)])
+        Journal(store).end()
         stored.add(strategy.hash)
         log.info("%s %s %s: %s %.1f samples/s %s", profile.context_id, source, strategy.hash, result.status,
                  result.samples_per_s, result.reason)

@@ -58,7 +58,7 @@ from autosync.models.ranker import CostModel
 from autosync.profiler import Profile
 from autosync.search.baselines import baselines
 from autosync.search.space import suggest
-from autosync.search.trials import TrialSettings, measure_strategy, trial_row
+from autosync.search.trials import Journal, TrialSettings, measure_strategy, trial_row
 from autosync.strategy import Strategy, loads_strategy
 
 log = logging.getLogger(__name__)
@@ -382,14 +382,15 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
          seed: int = 0, candidates: int = 500, per_round: int = 3, settings: TrialSettings = TrialSettings(),
          on_measured=None, workload=None, objective: str | None = None, efficiency_model=None,
          noise_scale: float = float("nan"), meter=None, confirm_rounds: int = 0, finalists: int = 3,
-         on_progress=None) -> TuneResult:
+         on_progress=None, recovered: list[tuple[str, Strategy]] = ()) -> TuneResult:
     """Run the loop; ``pool`` is needed when ``measure > 0`` (``measure`` counts this worker's trials).
 
     ``objective``: ``time-to-loss`` (rank by goodput = samples/s x statistical efficiency; the lossy ones of
     the ``finalists`` best get their efficiency measured by ``meter``, an :class:`~autosync.efficiency.
     EfficiencyMeter`, before they can be recommended), ``throughput`` (samples/s) or ``lossless`` (samples/s,
     lossless strategies only). ``confirm_rounds`` > 0 re-measures the two best and the DDP default, interleaved,
-    that many rounds, and recommends by medians (see :func:`_recommend` for the noise rule).
+    that many rounds, and recommends by medians (see :func:`_recommend` for the noise rule). ``recovered``:
+    (source, strategy) of trials a job died in (:class:`~autosync.search.trials.Journal`), reported with the rest.
     """
     import time
 
@@ -438,9 +439,10 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
                 log.info("%s %s is measured by another worker", source, strategy.hash)
                 return False
             t = time.monotonic()
-            r = measure_strategy(pool, profile, strategy, settings, workload)
+            r = measure_strategy(pool, profile, strategy, settings, workload, store=store, source=source)
             measure_time += time.monotonic() - t
             store.append([trial_row(profile, strategy, source, r)])
+            Journal(store).end()
             m = Measured(source, strategy, predicted, r.status, r.samples_per_s, r.reason)
             tuner.finish(claim, r, reference() if source != "ddp_default" else r.samples_per_s)
         result_measured.append(m)
@@ -452,6 +454,8 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
         if pool is None:
             raise ValueError("measuring needs a rank pool")
         run("ddp_default", Strategy.default())
+        for source, strategy in recovered:   # a trial the job died in, stored as failed on restart
+            run(source, strategy)
         best_base = max(((n, s) for n, s in hand.items() if n != "ddp_default"), key=lambda t: base_scores[t[0]],
                         default=None)
         if best_base and measure > 1:
