@@ -195,6 +195,26 @@ class EmulatedCluster:
         return RankPool(self.cluster.world_size, ranks_per_host=self.cluster.ranks_per_node,
                         placements=self.placements(), master_addr=self.master_addr, network=self.network, **kwargs)
 
+    def torchrun(self, node: int, argv: list[str], port: int = 29400, max_restarts: int = 0,
+                 run_id: str = "autosync") -> list[str]:
+        """The command line of host ``node``'s part of a multi-node torchrun job on this cluster.
+
+        One ``torchrun`` per host, run inside the host's namespace, ``--nproc-per-node`` the
+        cluster's ranks per host, c10d rendezvous on host 0's address, gloo bound to the host's
+        veth. Two pitfalls handled here: the namespaces share the machine's hostname, so
+        torchrun cannot tell that host 0 owns the rendezvous address (``is_host`` says so) and
+        would advertise an unreachable name (``--local-addr`` gives each agent its host's address).
+        ``argv``: what follows torchrun's own options (``-m autosync.cli tune --in-job ...``).
+        """
+        import sys
+
+        return ["ip", "netns", "exec", self.hosts[node], "env", f"GLOO_SOCKET_IFNAME={HOST_IF}",
+                sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.cluster.nodes),
+                "--nproc-per-node", str(self.cluster.ranks_per_node), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"{self.master_addr}:{port}", "--rdzv-id", run_id,
+                "--rdzv-conf", f"is_host={'true' if node == 0 else 'false'}", "--local-addr", self.host_ip(node),
+                "--max-restarts", str(max_restarts), *argv]
+
     # --- lifecycle -------------------------------------------------------------------------
     def up(self) -> "EmulatedCluster":
         ok, why = can_emulate()

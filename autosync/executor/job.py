@@ -112,6 +112,7 @@ class JobPool:
         self.ctx = RankContext(self.rank, self.world_size, self.ranks_per_host, device=self.device,
                                backend=self.backend)
         self.broken: str | None = None
+        self._released = False
         self.on_abort: Callable[[str, str], None] | None = None   # rank 0: (status, reason) before a watchdog exit
         self.starts = 1
 
@@ -121,7 +122,9 @@ class JobPool:
         return self.broken is None
 
     def start(self) -> None:
-        """The job's ranks are started by its launcher."""
+        """After a failed task, end the job so that its launcher starts it afresh (RankPool.start restarts ranks)."""
+        if self.broken:
+            self._end(self.broken)
 
     def kill(self) -> None:
         """Nothing to kill from inside: a failed job ends itself (see the module's docstring)."""
@@ -155,15 +158,15 @@ class JobPool:
         return [r[1] for r in results]
 
     def close(self) -> None:
-        """Rank 0: release the other ranks (they return from :meth:`serve`)."""
+        """Rank 0: release the other ranks (they return from :meth:`serve`), once."""
         import torch.distributed as dist
 
-        if self.rank == 0 and self.broken is None:
+        if self.rank == 0 and not self._released:
+            self._released = True
             try:
                 dist.broadcast_object_list([("done",)], src=0, group=self.control)
-            except Exception:  # noqa: BLE001 - the job is ending anyway
+            except Exception:  # noqa: BLE001 - the others are gone already
                 pass
-            self.broken = "closed"
 
     # --- the other ranks ---------------------------------------------------------------------------
     def serve(self) -> int:
@@ -172,7 +175,12 @@ class JobPool:
 
         while True:
             box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0, group=self.control)
+            try:
+                dist.broadcast_object_list(box, src=0, group=self.control)
+            except Exception as e:  # noqa: BLE001 - rank 0 is gone: the launcher restarts the job
+                print(f"autosync: rank {self.rank}: rank 0 left the job ({type(e).__name__}); ending this rank",
+                      file=sys.stderr, flush=True)
+                return RESTART_EXIT
             msg = box[0]
             if msg[0] == "done":
                 return 0
@@ -180,7 +188,12 @@ class JobPool:
                 log.warning("rank %d: %s", self.rank, msg[1])
                 return RESTART_EXIT
             _, fn, args, timeout = msg
-            dist.gather_object(self._call(fn, args, timeout), None, dst=0, group=self.control)
+            try:
+                dist.gather_object(self._call(fn, args, timeout), None, dst=0, group=self.control)
+            except Exception as e:  # noqa: BLE001 - as above
+                print(f"autosync: rank {self.rank}: rank 0 left the job ({type(e).__name__}); ending this rank",
+                      file=sys.stderr, flush=True)
+                return RESTART_EXIT
 
     # --- both ---------------------------------------------------------------------------------------
     def _call(self, fn: Callable, args: tuple, timeout: float) -> tuple[str, Any]:
@@ -213,6 +226,7 @@ class JobPool:
         msg = (f"a trial failed inside the job ({why[:200]}); ending the job so that torchrun starts it again "
                f"with a fresh process group (it resumes from what is stored)")
         print(f"autosync: {msg}", file=sys.stderr, flush=True)
+        self._released = True
         try:
             dist.broadcast_object_list([("restart", msg)], src=0, group=self.control)
         except Exception:  # noqa: BLE001 - the others are gone already

@@ -138,6 +138,8 @@ def measure_strategy(pool: RankPool, profile: Profile, strategy: Strategy, setti
                      warmup_steps=settings.warmup_steps, steps=settings.max_steps, seed=settings.seed,
                      time_budget_s=settings.time_budget_s, min_steps=settings.min_steps)
     if store is not None and hasattr(pool, "on_abort"):
+        if not pool.alive:
+            pool.start()    # a job whose last trial failed ends here, before this trial is journaled
         journal = Journal(store)
         journal.begin(profile, strategy, source)
         pool.on_abort = journal.abort

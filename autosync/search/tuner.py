@@ -425,6 +425,8 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
     def run(source: str, strategy: Strategy) -> bool:
         """Measure ``strategy`` unless another worker has it; True when this run measured (or had stored) it."""
         nonlocal measure_time
+        if any(m.strategy.hash == strategy.hash for m in result_measured):
+            return True   # e.g. a recovered trial that is also the best baseline
         predicted = _predicted_speedup(tuner.model, tuner.scored.get(strategy.hash, (float("nan"),))[0])
         if strategy.hash in stored:
             row = stored[strategy.hash]
@@ -696,7 +698,10 @@ def measured_rows(result: TuneResult) -> list[dict]:
 def strategy_file_text(result: TuneResult, profile: Profile) -> str:
     """The recommended strategy as YAML, with what was predicted and measured as comments."""
     lines = [f"# autosync tune: {profile.model.workload} (batch {profile.model.batch_size}/rank) on {profile.cluster}",
-             f"# objective: {result.objective}; source: {result.source}, strategy {result.strategy.hash}"]
+             f"# objective: {result.objective}; source: {result.source}, strategy {result.strategy.hash}",
+             f"# where: {profile.context.label}" + "".join(
+                 f", {k} {profile.env[k]}" for k in ("device_name", "hosts", "ranks_per_host", "nccl")
+                 if profile.env.get(k) is not None and profile.context.network == "real")]
     if not math.isnan(result.predicted_speedup):
         lines.append(f"# predicted speedup over the DDP default: {result.predicted_speedup:.2f}x")
     if result.measured_samples_per_s:

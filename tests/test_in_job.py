@@ -1,0 +1,83 @@
+"""In-job mode for real: a multi-node torchrun job across the emulated hosts (one torchrun per host namespace,
+c10d rendezvous on host 0's address, gloo on the hosts' veths, tc shaping between them)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autosync.cluster import parse_cluster
+from autosync.datasets.store import DatasetStore
+from autosync.executor.emulate import EmulatedCluster, can_emulate
+
+FAULTS = str(Path(__file__).resolve().parent / "fixtures" / "faulty.py")
+
+
+@pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
+def test_a_torchrun_job_across_emulated_hosts_tunes_in_job_and_stores_a_killed_trial_as_failed_after_restart(
+        tmp_path, nothing_left):
+    """Rank 0 (host 0) is SIGKILLed in the job's second trial: torchrun restarts the job, the trial it died in is
+    stored as failed with its reason, the search goes on, and rank 0 writes the strategy file."""
+    cluster = parse_cluster("2x1@1gbit")
+    workload = f"{FAULTS}:faults_in_turn"
+    # rank 0's builds: the CLI's check, the profile, the DDP default's trial, then the second trial: killed there
+    env = {**os.environ, "AUTOSYNC_TEST_FAULTS": str(tmp_path / "faults"), "AUTOSYNC_TEST_FAULT_RANK": "0",
+           "AUTOSYNC_TEST_FAULT_ORDER": "none,none,none,kill", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    argv = ["-m", "autosync.cli", "tune", "--in-job", "--model", workload, "--cluster", "2x1@1gbit", "--measure", "3",
+            "--objective", "throughput", "--confirm-rounds", "0", "--storage", f"sqlite:///{tmp_path}/t.db",
+            "--data", "d", "--out", "s.yaml", "--timeout", "30"]
+    with EmulatedCluster(cluster) as emu:
+        procs = [subprocess.Popen(emu.torchrun(h, argv, max_restarts=1, run_id="test"), cwd=tmp_path, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                 for h in range(cluster.nodes)]
+        try:
+            outs = [p.communicate(timeout=240)[0] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:]
+    rows = DatasetStore(tmp_path / "d").read().sort_values("timestamp")
+    assert set(rows.context_id) == {f"{workload}|b32|2x1@1gbit|real|gloo|cpu"}   # what was real is in the id
+    assert len(rows) == 3 and len(set(rows.strategy_hash)) == 3, rows[["source", "status", "reason"]]
+    default, killed, third = rows.to_dict("records")
+    assert default["source"] == "ddp_default" and default["status"] == "ok"
+    assert killed["status"] == "failed" and "the job ended while this trial ran" in killed["reason"], killed
+    assert third["status"] == "ok"                                                  # the search went on
+    assert (tmp_path / "faults").read_text() .count("x") > 4                        # rank 0 started again
+    text = (tmp_path / "s.yaml").read_text()
+    assert "real cluster, gloo/cpu" in text or "|real|gloo|cpu" in text, text[:600]
+    profile = next((tmp_path / "d" / "profiles").glob("*.json")).read_text()
+    assert '"network": "real"' in profile and '"hosts": 2' in profile
+    assert not (tmp_path / "d" / "in-job-started.json").exists()
+    nothing_left()
+
+
+def test_hosts_come_from_node_ranks_and_a_non_uniform_job_is_refused_in_one_line():
+    from autosync.errors import UserError
+    from autosync.executor.job import ranks_per_host
+
+    assert ranks_per_host(["node0", "node0", "node1", "node1"]) == 2
+    assert ranks_per_host(["node0", "node1"]) == 1
+    with pytest.raises(UserError, match="not uniform.*node0: 2, node1: 1"):
+        ranks_per_host(["node0", "node0", "node1"])
+    with pytest.raises(UserError, match="consecutive"):
+        ranks_per_host(["node0", "node1", "node0", "node1"])   # interleaved hosts: hierarchical groups would be wrong
+
+
+def test_in_job_outside_a_job_and_a_cluster_of_another_shape_are_one_line_each(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    out = subprocess.run([sys.executable, "-m", "autosync.cli", "profile", "--in-job", "--workload", "mlp",
+                          "--cluster", "1x2@1gbit"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "start it with torchrun" in out.stderr, out.stderr
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "autosync.cli",
+                          "profile", "--in-job", "--workload", "mlp", "--cluster", "2x1@1gbit"],
+                         cwd=tmp_path, env={**env, "TORCH_CPP_LOG_LEVEL": "ERROR"}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0
+    assert "this job has 1 host(s) x 2 rank(s)" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "profile.json").exists()
