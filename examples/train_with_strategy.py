@@ -23,10 +23,15 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.05)
     args = ap.parse_args()
 
-    dist.init_process_group("gloo")            # torchrun provides RANK, WORLD_SIZE, MASTER_ADDR, ...
+    # One GPU per rank with NCCL where there are GPUs, else CPU with gloo; torchrun provides RANK, LOCAL_RANK, ...
+    device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if torch.cuda.is_available() else "cpu"
+    if device != "cpu":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device != "cpu" else "gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     model, make_batch = workloads.build(args.workload)
+    model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
     model, optimizer = autosync.apply(model, optimizer, args.strategy)   # the one autosync line
@@ -34,7 +39,8 @@ def main() -> None:
     gen = torch.Generator().manual_seed(1000 + rank)
     batch_size = workloads.default_batch_size(args.workload)
     for step in range(args.steps):
-        loss = workloads.loss_of(model(**make_batch(batch_size, gen)))
+        batch = {k: v.to(device) for k, v in make_batch(batch_size, gen).items()}
+        loss = workloads.loss_of(model(**batch))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

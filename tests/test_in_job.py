@@ -29,18 +29,22 @@ def test_a_torchrun_job_across_emulated_hosts_tunes_in_job_and_stores_a_killed_t
     argv = ["-m", "autosync.cli", "tune", "--in-job", "--model", workload, "--cluster", "2x1@1gbit", "--measure", "3",
             "--objective", "throughput", "--confirm-rounds", "0", "--storage", f"sqlite:///{tmp_path}/t.db",
             "--data", "d", "--out", "s.yaml", "--timeout", "30"]
+    logs = [tmp_path / f"host{h}.log" for h in range(cluster.nodes)]
     with EmulatedCluster(cluster) as emu:
         procs = [subprocess.Popen(emu.torchrun(h, argv, max_restarts=1, run_id="test"), cwd=tmp_path, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                  stdout=open(logs[h], "w"), stderr=subprocess.STDOUT, start_new_session=True)
                  for h in range(cluster.nodes)]
+        deadline = time.monotonic() + 180
         try:
-            outs = [p.communicate(timeout=240)[0] for p in procs]
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.5)
         finally:
             for p in procs:
                 if p.poll() is None:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:]
+    tails = "\n".join(f"--- host {h} ---\n" + log.read_text()[-2500:] for h, log in enumerate(logs))
+    assert [p.returncode for p in procs] == [0, 0], tails
     rows = DatasetStore(tmp_path / "d").read().sort_values("timestamp")
     assert set(rows.context_id) == {f"{workload}|b32|2x1@1gbit|real|gloo|cpu"}   # what was real is in the id
     assert len(rows) == 3 and len(set(rows.strategy_hash)) == 3, rows[["source", "status", "reason"]]

@@ -81,6 +81,66 @@ def ranks_per_host(keys: list[str]) -> int:
     return rph
 
 
+def _attempt_store(timeout_s: float):
+    """The job's rendezvous store (torch's env:// one), with this start's keys under a prefix of their own.
+
+    Under torchrun the workers share the agent's store across restarts, and torch's env:// rendezvous
+    adds no prefix per start (measured: a key set before a restart is still there after it). A
+    restarted rank may then read a dead rank's gloo address from the last start before the new one
+    overwrites it, and fail to connect (seen here under load). torchrun's restart count cannot name
+    the start: it is per node, and a node restarted for a membership change does not count it. So
+    rank 0 names it (:func:`_agree_on_start`).
+    """
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=max(timeout_s, 300))
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+    start = _agree_on_start(store, rank, world, timeout.total_seconds())
+    os.environ["AUTOSYNC_JOB_START"] = start   # recorded in the profile's environment
+    return dist.PrefixStore(f"autosync/{start}", store)
+
+
+def _agree_on_start(store, rank: int, world: int, timeout_s: float) -> str:
+    """A name for this start of the job, the same on every rank and new at every start.
+
+    Rank 0 draws a nonce N, publishes it, waits until every rank has acknowledged N, then tells each
+    rank ``go`` under a key of N and that rank's own, which the rank deletes once read. A rank that
+    read a stale nonce (the last start's) acknowledges it, finds no ``go`` for it within a second (the
+    last start's ``go`` keys were consumed), reads the nonce again and acknowledges the new one. A rank
+    killed between rank 0's ``go`` and its read leaves one stale ``go``: the next start may then
+    disagree once, time out, and the start after it agrees (the stale key is consumed on the way).
+    """
+    import secrets
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    if rank == 0:
+        nonce = secrets.token_hex(8)
+        store.set("autosync/start", nonce)
+        waiting = set(range(1, world))
+        while waiting:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks {sorted(waiting)} did not join this start of the job")
+            for r in list(waiting):
+                if store.check([f"autosync/ack/{r}"]) and store.get(f"autosync/ack/{r}").decode() == nonce:
+                    waiting.discard(r)
+            time.sleep(0.05)
+        for r in range(1, world):
+            store.set(f"autosync/go/{nonce}/{r}", "1")
+        return nonce
+    while time.monotonic() < deadline:
+        nonce = store.get("autosync/start").decode()      # blocks until rank 0 of some start wrote it
+        store.set(f"autosync/ack/{rank}", nonce)
+        until = time.monotonic() + 1.0
+        while time.monotonic() < until:
+            key = f"autosync/go/{nonce}/{rank}"
+            if store.check([key]):
+                store.delete_key(key)
+                return nonce
+            time.sleep(0.05)
+    raise TimeoutError("rank 0 did not start this start of the job")
+
+
 class JobPool:
     """The job's ranks, driven by rank 0. Build it on every rank (it initializes the process group)."""
 
@@ -100,7 +160,9 @@ class JobPool:
         self.backend = backend or dev.backend_for(self.device)
         self.timeout_s = timeout_s
         if not dist.is_initialized():
-            dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=timeout_s))
+            dist.init_process_group(self.backend, store=_attempt_store(timeout_s),
+                                    rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                                    timeout=datetime.timedelta(seconds=timeout_s))
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=CONTROL_TIMEOUT_S))
         keys: list[Any] = [None] * self.world_size
@@ -108,7 +170,8 @@ class JobPool:
         self.ranks_per_host = ranks_per_host(keys)
         self.hosts = self.world_size // self.ranks_per_host
         self.facts = {**dev.describe(self.device), "hosts": self.hosts, "ranks_per_host": self.ranks_per_host,
-                      "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))}
+                      "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                      "start": os.environ.get("AUTOSYNC_JOB_START", "")}
         self.ctx = RankContext(self.rank, self.world_size, self.ranks_per_host, device=self.device,
                                backend=self.backend)
         self.broken: str | None = None

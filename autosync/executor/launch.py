@@ -1,7 +1,8 @@
-"""Rank processes: a pool of local gloo ranks kept alive across trials, and torchrun detection.
+"""Rank processes: a pool of local ranks kept alive across trials, and torchrun detection.
 
-A :class:`RankPool` spawns ``world_size`` processes that join one gloo process group and
-then wait for tasks. ``pool.run(fn, *args, timeout=s)`` calls ``fn(ctx, *args)`` on every
+A :class:`RankPool` spawns ``world_size`` processes that join one process group (gloo on
+CPU tensors by default; ``backend``/``device`` make them NCCL or gloo on CUDA, as the GPU
+check does) and then wait for tasks. ``pool.run(fn, *args, timeout=s)`` calls ``fn(ctx, *args)`` on every
 rank and returns the per-rank results; if any rank raises, dies or the time limit runs
 out, every rank is killed (SIGKILL to its whole process group) and :class:`TrialFailure`
 says why. The next ``run`` starts fresh ranks. Rank processes die with their parent
@@ -81,7 +82,8 @@ def _enter_netns(name: str) -> None:
 
 
 def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, int], place: RankPlacement,
-               threads: int, init_timeout: float, tasks: mp.Queue, results: mp.Queue) -> None:
+               threads: int, init_timeout: float, tasks: mp.Queue, results: mp.Queue, backend: str = "gloo",
+               device: str = "cpu") -> None:
     os.setsid()  # own process group: the launcher kills it whole; Ctrl-C goes to the launcher only
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -95,10 +97,15 @@ def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, in
         import torch
         import torch.distributed as dist
 
+        from autosync.executor.device import set_device
+
         torch.set_num_threads(threads)
-        dist.init_process_group("gloo", init_method=f"tcp://{master[0]}:{master[1]}", rank=rank,
+        if device == "cuda":   # one GPU per rank where there are enough, else ranks share them (gloo only)
+            device = f"cuda:{rank % max(1, torch.cuda.device_count())}"
+        set_device(device)
+        dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=init_timeout))
-        ctx = RankContext(rank, world, ranks_per_host)
+        ctx = RankContext(rank, world, ranks_per_host, device=device, backend=backend)
         results.put(("ready", rank, None))
     except BaseException as e:  # noqa: BLE001 - reported to the launcher
         results.put(("error", rank, f"rank {rank} could not start: {type(e).__name__}: {e}"))
@@ -122,10 +129,11 @@ class RankPool:
 
     def __init__(self, world_size: int, ranks_per_host: int | None = None,
                  placements: list[RankPlacement] | None = None, master_addr: str = "127.0.0.1",
-                 threads_per_rank: int | None = None, start_timeout: float = 120.0, network: str = "unshaped"):
+                 threads_per_rank: int | None = None, start_timeout: float = 120.0, network: str = "unshaped",
+                 backend: str = "gloo", device: str = "cpu"):
         self.world_size = world_size
         self.network = network          # what the ranks' links are: unshaped loopback, emulated, or real (Context)
-        self.backend, self.device = "gloo", "cpu"   # local ranks: CPU tensors over gloo
+        self.backend, self.device = backend, device   # device "cuda": rank r computes on GPU r % count
         self.ranks_per_host = ranks_per_host or world_size
         self.placements = placements or [RankPlacement()] * world_size
         self.master_addr = master_addr
@@ -153,7 +161,8 @@ class RankPool:
         self._procs = [self._ctx.Process(
             target=_rank_main, name=f"autosync-rank{r}", daemon=True,
             args=(r, self.world_size, self.ranks_per_host, master, self.placements[r], self.threads,
-                  self.start_timeout, self._tasks[r], self._results)) for r in range(self.world_size)]
+                  self.start_timeout, self._tasks[r], self._results, self.backend, self.device))
+            for r in range(self.world_size)]
         # Each rank's fd 2 is a file from its first instruction on (inherited at start), so that a rank that dies,
         # even in the spawn bootstrap before _rank_main runs, leaves its last words for the failure's reason.
         self._stderr_dir = tempfile.mkdtemp(prefix="autosync-ranks-")

@@ -4,7 +4,7 @@ Normalized so that they carry across machines and models: communication in units
 compute time (``bytes * 8 / bandwidth / compute``), fractions of the model's bytes per plan
 and per compressor and each registry entry's own features (:mod:`autosync.plans`),
 compression ratio, shard balance, bucket counts; plus raw context
-(ranks, hosts, log bandwidth, latency, log parameter count) and the analytical
+(ranks, hosts, log bandwidth, latency, log parameter count, whether compute was timed on a GPU) and the analytical
 simulator's own predictions, as ratios to its prediction for the DDP default in the same
 context. ``SIM_FEATURES`` names the simulator's columns, so the model can be trained
 without them (ablation).
@@ -26,7 +26,10 @@ REGISTRY_FEATURES = list(registry.feature_defaults())   # frac_plan_*, frac_comp
 STRATEGY_FEATURES = (["log_bucket_cap", "n_buckets", "n_groups", "n_segments"] + REGISTRY_FEATURES
                      + ["compression", "zero", "owner_imbalance", "bytes_sent_ratio", "comm_units"])
 SIM_FEATURES = ["sim_speedup", "sim_exposed_frac", "sim_comm_frac", "sim_log_step_ratio"]
-FEATURES = CONTEXT_FEATURES + STRATEGY_FEATURES + SIM_FEATURES
+#: the device the profile was timed on (1 = CUDA); appended last so older models' columns keep their order.
+#: Every shipped row is CPU, so the shipped models were trained without it (a constant column).
+DEVICE_FEATURES = ["device_gpu"]
+FEATURES = CONTEXT_FEATURES + STRATEGY_FEATURES + SIM_FEATURES + DEVICE_FEATURES
 
 
 def _default_sim(profile: Profile) -> SimResult:
@@ -88,6 +91,7 @@ def featurize(profile: Profile, strategy: Strategy, sim: SimResult | None = None
         "sim_speedup": base.step_s / sim.step_s, "sim_exposed_frac": sim.exposed_comm_s / sim.step_s,
         "sim_comm_frac": sim.comm_s / max(sim.compute_s, 1e-9),
         "sim_log_step_ratio": math.log(sim.step_s / base.step_s),
+        "device_gpu": float(profile.context.device == "cuda"),
     })
     return f
 
