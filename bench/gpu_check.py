@@ -137,7 +137,7 @@ def main() -> int:
     for r in rows:
         lines.append(f"| {r['setup']} | {r['what']} | {r['lossy']} | {r['status']} | {r['equal']} | "
                      f"{r['samples_per_s']:,.0f} | {r['reason'].replace('|', '/')} |")
-    lines += ["", "Profiler on CUDA (synchronized phases, gradient-ready times from CUDA events):", "",
+    lines += ["", f"Profiler on {args.device} (synchronized phases; on CUDA, gradient-ready times from CUDA events):", "",
               "| set-up | ranks | device | forward ms | backward ms | optimizer ms | peak MB | all-reduce alpha us | "
               "all-reduce GB/s (bits) |", "|---|---|---|---|---|---|---|---|---|", *profiles, "",
               f"{len(rows) - len(bad)} of {len(rows)} rows pass." + (f" Failing: {', '.join(r['setup'] + ' ' + r['what'] for r in bad)}." if bad else "")]
