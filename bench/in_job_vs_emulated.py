@@ -39,8 +39,9 @@ def tune_args(workload: str, cluster: str, work: Path, arm: str, args) -> list[s
 
 def run_emulated(workload: str, cluster: str, work: Path, args) -> float:
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "autosync.cli", *tune_args(workload, cluster, work, "emulated", args)],
-                   cwd=work, check=True, stdout=subprocess.DEVNULL)
+    with open(work / "emulated.log", "w") as log:
+        subprocess.run([sys.executable, "-m", "autosync.cli", *tune_args(workload, cluster, work, "emulated", args)],
+                       cwd=work, check=True, stdout=log, stderr=subprocess.STDOUT)
     return time.monotonic() - t0
 
 
@@ -54,7 +55,7 @@ def run_in_job(workload: str, cluster: str, work: Path, args) -> float:
     t0 = time.monotonic()
     with EmulatedCluster(c) as emu:
         procs = [subprocess.Popen(emu.torchrun(h, argv, run_id="bench"), cwd=work, env=env,
-                                  stdout=subprocess.DEVNULL, stderr=open(work / f"in-job-{h}.log", "w"),
+                                  stdout=open(work / f"in-job-{h}.log", "w"), stderr=subprocess.STDOUT,
                                   start_new_session=True) for h in range(c.nodes)]
         try:
             codes = [p.wait(timeout=3600) for p in procs]
@@ -111,6 +112,8 @@ def main() -> int:
                 picks = {"emulated": load_strategy(work / "emulated.yaml"), "in-job": load_strategy(work / "in-job.yaml")}
                 strategies = {"default": Strategy.default(), **picks}
                 speeds = remeasure(workload, cluster, strategies, args.repeats)
+                trace = {arm: [ln.strip() for ln in (work / log).read_text().splitlines() if ln.startswith("  measured ")]
+                         for arm, log in (("emulated", "emulated.log"), ("in-job", "in-job-0.log"))}
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             med = {k: statistics.median(v) for k, v in speeds.items()}
@@ -119,7 +122,7 @@ def main() -> int:
             ratio = med["in-job"] / max(med["emulated"], 1e-9)
             noise = max(spread["emulated"], spread["in-job"])
             agree = same or ratio >= 1 - noise
-            rows.append((workload, cluster, picks, med, spread, ratio, noise, agree, t_emu, t_job))
+            rows.append((workload, cluster, picks, med, spread, ratio, noise, agree, t_emu, t_job, trace))
             print(f"  picks {picks['emulated'].hash[:8]} / {picks['in-job'].hash[:8]}; in-job/emulated {ratio:.2f} "
                   f"(noise {noise:.0%}); agree: {agree}", flush=True)
     lines = ["# In-job vs emulated tuning", "",
@@ -131,14 +134,18 @@ def main() -> int:
              "| workload | cluster | emulated pick | in-job pick | default samples/s | emulated pick samples/s | "
              "in-job pick samples/s | in-job / emulated | agree | tune wall s (emulated / in-job) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for wl, cl, picks, med, spread, ratio, noise, agree, t_emu, t_job in rows:
+    for wl, cl, picks, med, spread, ratio, noise, agree, t_emu, t_job, _ in rows:
         lines.append(f"| {wl} | {cl} | {picks['emulated'].hash[:8]} | {picks['in-job'].hash[:8]} | "
                      f"{med['default']:,.1f} | {med['emulated']:,.1f} +-{spread['emulated']:.0%} | "
                      f"{med['in-job']:,.1f} +-{spread['in-job']:.0%} | {ratio:.2f} | "
                      f"{'same pick' if picks['emulated'].hash == picks['in-job'].hash else ('yes' if agree else 'NO')} | "
                      f"{t_emu:.0f} / {t_job:.0f} |")
     n_agree = sum(r[7] for r in rows)
-    lines += ["", f"Agree in {n_agree} of {len(rows)} contexts (same pick, or in-job pick within the picks' noise)."]
+    lines += ["", f"Agree in {n_agree} of {len(rows)} contexts (same pick, or in-job pick within the picks' noise).",
+              "", "What each arm measured while tuning (its own measurements, before the re-measurement above):"]
+    for wl, cl, *_, trace in rows:
+        for arm, measured in trace.items():
+            lines += ["", f"{wl} on {cl}, {arm}:", "", "```", *measured, "```"]
     print(f"-> {_results.write(args.out, lines)}")
     return 0
 
