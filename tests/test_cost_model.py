@@ -49,7 +49,8 @@ def test_fit_save_load_predict_round_trip(tmp_path, data):
 def test_pretrained_models_load_and_predict(data):
     for kind in ("ranker", "regressor"):
         model = CostModel.load(PRETRAINED / kind)
-        assert model.kind == kind and np.isfinite(model.predict(data.X[:10])).all()
+        cols = [data.features.index(f) for f in model.features]   # its own columns, by name (as CostModel.score)
+        assert model.kind == kind and np.isfinite(model.predict(data.X[:10, cols])).all()
 
 
 def test_corrupt_or_mismatched_model_files_are_refused(tmp_path):
@@ -69,5 +70,5 @@ def test_corrupt_or_mismatched_model_files_are_refused(tmp_path):
     with pytest.raises(ModelError, match="card.json: corrupt model card"):
         CostModel.load(tmp_path / "m")
     good = CostModel.load(PRETRAINED / "regressor")
-    with pytest.raises(ModelError, match=f"expected {len(FEATURES)} features"):
-        good.predict(np.zeros((3, len(FEATURES) - 1)))
+    with pytest.raises(ModelError, match=f"expected {len(good.features)} features"):
+        good.predict(np.zeros((3, len(good.features) - 1)))
