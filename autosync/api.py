@@ -193,7 +193,7 @@ def _recovered(store: DatasetStore, profile, ranks) -> list:
     """In a job: the trial a previous run of the job died in, now stored as failed ([(source, strategy)])."""
     from autosync.search.trials import Journal
 
-    if not hasattr(ranks, "on_abort"):
+    if not getattr(ranks, "in_job", False):
         return []
     found = Journal(store).recover(profile)
     return [found] if found else []

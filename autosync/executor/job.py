@@ -145,6 +145,7 @@ class JobPool:
     """The job's ranks, driven by rank 0. Build it on every rank (it initializes the process group)."""
 
     network = "real"
+    in_job = True    # trials are journaled, a failure ends the job (see the module's docstring)
 
     def __init__(self, timeout_s: float = 300.0, backend: str | None = None):
         import torch.distributed as dist

@@ -127,6 +127,8 @@ def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, in
 class RankPool:
     """``world_size`` gloo ranks that stay alive across tasks. Use as a context manager."""
 
+    in_job = False   # ranks this process started (a JobPool is the job's own ranks: failures end the job)
+
     def __init__(self, world_size: int, ranks_per_host: int | None = None,
                  placements: list[RankPlacement] | None = None, master_addr: str = "127.0.0.1",
                  threads_per_rank: int | None = None, start_timeout: float = 120.0, network: str = "unshaped",

@@ -68,7 +68,7 @@ def collect(workloads: list[str], clusters: list[Cluster], store: DatasetStore, 
                 for workload in workloads:
                     bar.update(total, description=f"{workload} on {cluster}: profiling")
                     profile = context_profile(store, pool, cluster, workload, batch_size)
-                    if hasattr(pool, "on_abort"):   # in a job: a trial the last run died in is stored as failed
+                    if getattr(pool, "in_job", False):   # in a job: a trial the last run died in is stored as failed
                         Journal(store).recover(profile)
                     cands = candidates_for(profile, per_context, seed)
                     bar.update(total, total=bar.tasks[total].total + len(cands) - guess)

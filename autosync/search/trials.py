@@ -137,7 +137,7 @@ def measure_strategy(pool: RankPool, profile: Profile, strategy: Strategy, setti
     spec = TrialSpec(workload or profile.model.workload, strategy.canonical(), profile.model.batch_size,
                      warmup_steps=settings.warmup_steps, steps=settings.max_steps, seed=settings.seed,
                      time_budget_s=settings.time_budget_s, min_steps=settings.min_steps)
-    if store is not None and hasattr(pool, "on_abort"):
+    if store is not None and getattr(pool, "in_job", False):
         if not pool.alive:
             pool.start()    # a job whose last trial failed ends here, before this trial is journaled
         journal = Journal(store)
