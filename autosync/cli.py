@@ -173,12 +173,16 @@ def _add_cluster(sub) -> None:
                        description="Emulated clusters on this machine (network namespaces + tc; needs root).")
     csub = p.add_subparsers(dest="cluster_command", metavar="ACTION", parser_class=_Parser)
     csub.required = True
-    c = csub.add_parser("check", help="bring a cluster up, measure every host link, tear it down",
+    c = csub.add_parser("check", help="bring a cluster up, measure every host link and host speed, tear it down",
                         description="Bring SPEC up, measure each host link with torch.distributed point-to-point "
-                                    "transfers and a ping-pong, print configured vs measured bandwidth and latency.",
-                        epilog="example: autosync cluster check '2x1@1gbit;node1=100mbit'")
+                                    "transfers and a ping-pong, print configured vs measured bandwidth and latency; "
+                                    "then measure each host's compute speed (matrix products on all ranks at once, "
+                                    "with the CPU limits lifted and applied).",
+                        epilog="example: autosync cluster check '2x1@1gbit;node1=100mbit;node1=cpu:0.5'")
     c.add_argument("spec", type=_cluster_spec, metavar="SPEC", help="NODESxRANKS@BANDWIDTH[,LATENCY][;nodeK=...]")
     c.add_argument("--seconds", type=_positive_float, default=0.5, help="length of each transfer (default 0.5 s)")
+    c.add_argument("--compute-seconds", type=_positive_float, default=2.0,
+                   help="length of each compute measurement (default 2 s; give stragglers several slices)")
     c.add_argument("--json", action="store_true", help="print the measurements as JSON")
     c.set_defaults(func=_cmd_cluster_check)
     s = csub.add_parser("sweep", help="remove namespaces left by dead autosync runs",
@@ -196,17 +200,21 @@ def _cmd_cluster_check(args) -> int:
 
     from autosync.api import emulated
     from autosync.executor.emulate import can_emulate
-    from autosync.executor.linkcheck import check_links
+    from autosync.executor.linkcheck import check_compute, check_links
 
     ok, why = can_emulate()
     if not ok:
         raise UserError(f"cannot emulate {args.spec}: {why}")
     if args.spec.nodes < 2:
         raise UserError(f"{args.spec} has one host: there is no host link to measure")
-    with emulated(args.spec) as cluster, cluster.pool(threads_per_rank=1) as pool:
-        rows = check_links(pool, args.spec, seconds=args.seconds)
+    with emulated(args.spec) as cluster:
+        with cluster.pool(threads_per_rank=1) as pool:
+            rows = check_links(pool, args.spec, seconds=args.seconds)
+        with cluster.pool() as pool:
+            speeds = check_compute(pool, args.spec, cluster.limits, seconds=args.compute_seconds)
     if args.json:
-        print(json.dumps([dataclasses.asdict(r) for r in rows]))
+        print(json.dumps({"links": [dataclasses.asdict(r) for r in rows],
+                          "compute": [dataclasses.asdict(r) for r in speeds]}))
         return 0
     table = Table(title=f"cluster {args.spec}: host links (each to its peer host)")
     for col in ("host", "peer", "configured", "measured", "ratio", "configured latency", "measured latency"):
@@ -215,6 +223,14 @@ def _cmd_cluster_check(args) -> int:
         table.add_row(f"node{r.host}", f"node{r.peer}", f"{r.configured_bps / 1e6:,.0f} Mbit/s",
                       f"{r.measured_bps / 1e6:,.1f} Mbit/s", f"{r.measured_bps / r.configured_bps:.2f}",
                       f"{r.configured_latency_s * 1e3:.3f} ms", f"{r.measured_latency_s * 1e3:.3f} ms")
+    _console().print(table)
+    st = args.spec.stragglers
+    table = Table(title="compute speed per host (1 = a full share of this machine)"
+                  + (f"; stragglers {st.slowdown:g}x for {st.fraction:.0%} of the time" if st else ""))
+    for col in ("host", "configured", "measured", "matmuls/s"):
+        table.add_column(col, justify="right")
+    for r in speeds:
+        table.add_row(f"node{r.host}", f"{r.configured_speed:.2f}", f"{r.measured_speed:.2f}", f"{r.rate:,.0f}")
     _console().print(table)
     return 0
 
@@ -226,7 +242,7 @@ def _cmd_cluster_sweep(args) -> int:
     if not ok:
         raise UserError(f"cannot sweep: {why}")
     removed = sweep(everything=args.all)
-    print(f"removed {len(removed)} namespace(s)" + (": " + ", ".join(removed) if removed else ""))
+    print(f"removed {len(removed)} namespace(s) and cgroup(s)" + (": " + ", ".join(removed) if removed else ""))
     return 0
 
 

@@ -159,6 +159,9 @@ class Sync:
     mode: str = "bsp"
     period: int = 1
     warmup_steps: int = 0
+    staleness: int = 0          # ssp
+    max_period: int = 0         # adaptive
+    threshold: float = 0.0      # adaptive
 
     @classmethod
     def parse(cls, raw: Any, path: str = "sync") -> "Sync":

@@ -25,7 +25,24 @@ def test_heterogeneous_jitter_loss_and_paths():
     assert not parse_cluster("2x1@1gbit;node1=1gbit").heterogeneous  # an override equal to the default is none
 
 
+def test_uneven_compute_and_stragglers():
+    c = parse_cluster("3x1@1gbit;node1=100mbit;node1=cpu:0.5;stragglers=3x@20%,every=1s")
+    assert c.speed_of(0) == 1.0 and c.speed_of(1) == 0.5 and c.min_speed == 0.5 and c.uneven_compute
+    assert (c.stragglers.slowdown, c.stragglers.fraction, c.stragglers.slice_s) == (3.0, 0.2, 1.0)
+    assert c.link_of(1).rate_bps == 100e6
+    assert parse_cluster(c.spec()) == c
+    assert not parse_cluster("2x1@1gbit;node1=cpu:1").uneven_compute   # full speed is no override
+    assert parse_cluster("2x1@1gbit").spec() == "2x1@1gbit"           # specs without either keep their id
+
+
 @pytest.mark.parametrize("text, message", [
+    ("2x1@1gbit;node1=cpu:2", "cpu speed '2' must be a number in 0.05..1"),
+    ("2x1@1gbit;node1=cpu:fast", "cpu speed 'fast' must be a number"),
+    ("2x1@1gbit;node1=cpu:0.5;node1=cpu:0.4", "node1's compute speed is given twice"),
+    ("2x1@1gbit;stragglers=3x", "must look like SLOWDOWNx@PERCENT%"),
+    ("2x1@1gbit;stragglers=1x@10%", "straggler slowdown must be above 1"),
+    ("2x1@1gbit;stragglers=2x@100%", "between 0% and 100%"),
+    ("2x1@1gbit;stragglers=2x@10%,often", "unknown stragglers option"),
     ("", "cluster spec is empty"),
     ("2x2", "expected NODESxRANKS@BANDWIDTH"),
     ("2x0@1gbit", "must be at least 1"),

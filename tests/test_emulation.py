@@ -8,8 +8,9 @@ import time
 import pytest
 
 from autosync.cluster import parse_cluster
-from autosync.executor.emulate import EmulatedCluster, can_emulate, has_netem, list_namespaces, sweep
-from autosync.executor.linkcheck import check_links
+from autosync.executor.emulate import (EmulatedCluster, can_emulate, cgroup_root, has_netem, list_cgroups,
+                                       list_namespaces, sweep)
+from autosync.executor.linkcheck import check_compute, check_links
 from autosync.executor.measure import TrialSpec, measure
 from autosync.strategy import Strategy
 
@@ -20,7 +21,8 @@ POWERSGD = Strategy.from_dict({"groups": [{"compressor": {"name": "powersgd", "r
 
 
 def ours():
-    return set(list_namespaces())
+    """Every namespace and CPU cgroup of autosync on this machine."""
+    return set(list_namespaces()) | {f"cgroup {p.name}" for p in list_cgroups()}
 
 
 @pytest.fixture(autouse=True)
@@ -87,8 +89,28 @@ def test_sweep_removes_what_a_dead_run_left():
     pid = dead.pid
     name = f"autosync-{pid}-abcdef-sw"
     subprocess.run(["ip", "netns", "add", name], check=True)
-    assert name in sweep()
-    assert name not in ours()
+    expected = {name}
+    if cgroup_root():
+        (cgroup_root()[0] / f"autosync-{pid}-abcdef-r0").mkdir()
+        expected.add(f"cgroup autosync-{pid}-abcdef-r0")
+    assert expected <= set(sweep())
+    assert not expected & ours()
+
+
+@pytest.mark.skipif(cgroup_root() is None, reason="no writable cgroup CPU controller")
+def test_a_half_speed_host_sets_the_bsp_step_time():
+    """node1 at cpu:0.5 measures ~0.5 (cluster check's compute probe) and BSP's step follows it; lifting the
+    limits in the same pool (the same ranks, network and cores) gives the even reference."""
+    cluster = parse_cluster("2x1@10gbit;node1=cpu:0.5")
+    spec = TrialSpec("resnet-tiny", DEFAULT, 32, warmup_steps=1, steps=3)
+    with EmulatedCluster(cluster) as emu, emu.pool() as pool:
+        speeds = check_compute(pool, cluster, emu.limits, seconds=1.0)
+        uneven, _ = measure(pool, spec, timeout=180)
+        emu.limits.lift(True)
+        even, _ = measure(pool, spec, timeout=180)
+    assert uneven.ok and even.ok, (uneven.reason, even.reason)
+    assert speeds[0].measured_speed > 0.8 and 0.35 < speeds[1].measured_speed < 0.65, speeds
+    assert uneven.step_s > 1.5 * even.step_s, (uneven.step_s, even.step_s)
 
 
 HANG = "tests/fixtures/faulty.py:hang_on_rank1"

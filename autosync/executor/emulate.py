@@ -12,8 +12,15 @@ Ranks of a host run inside its namespace with gloo bound to ``veth0``; ranks of 
 reach each other through the kernel's local route, unshaped, like shared memory
 on a real host. The rendezvous store lives on host 0.
 
-Every namespace is named ``autosync-<pid>-<token>-...``: the veths live and die with
-them. ``down()`` (context exit, exception, Ctrl-C, SIGTERM, interpreter exit) deletes
+Compute: a host at speed ``s`` (``;nodeK=cpu:s``) runs each of its ranks under a CPU limit of
+``s x cores / ranks`` cores, its fair share of this machine scaled by ``s`` (CFS bandwidth
+control: cgroup v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, or v2 ``cpu.max``), one cgroup
+per rank, which the rank joins before it starts torch. Intermittent stragglers
+(``;stragglers=Xx@P%``) are a thread of this process that, every slice, draws whether one random
+rank computes X times slower for the slice (its quota divided by X) and restores it after.
+
+Every namespace and cgroup is named ``autosync-<pid>-<token>-...``: the veths live and die with
+the namespaces. ``down()`` (context exit, exception, Ctrl-C, SIGTERM, interpreter exit) deletes
 them; :func:`sweep` deletes what dead runs left (their pid is gone).
 """
 from __future__ import annotations
@@ -22,11 +29,14 @@ import atexit
 import logging
 import math
 import os
+import random
 import re
 import secrets
 import signal
 import subprocess
 import threading
+import time
+from pathlib import Path
 
 from autosync.cluster import Cluster, Link
 from autosync.errors import UserError
@@ -36,7 +46,8 @@ log = logging.getLogger(__name__)
 PREFIX = "autosync-"
 SUBNET = "198.18.0"
 HOST_IF = "veth0"
-_NAME = re.compile(rf"^{PREFIX}(\d+)-([0-9a-f]+)-(sw|h\d+)$")
+_NAME = re.compile(rf"^{PREFIX}(\d+)-([0-9a-f]+)-(sw|h\d+|r\d+)$")
+CFS_PERIOD_US = 100_000
 
 
 class EmulationError(RuntimeError):
@@ -67,10 +78,51 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def sweep(everything: bool = False) -> list[str]:
-    """Delete namespaces (and with them their veths) of runs whose process is gone.
+def cgroup_root() -> tuple[Path, int] | None:
+    """(directory, version) of the cgroup hierarchy whose CPU bandwidth autosync may set; None when there is none."""
+    v1 = Path("/sys/fs/cgroup/cpu")
+    if (v1 / "cpu.cfs_quota_us").exists() and os.access(v1, os.W_OK):
+        return v1, 1
+    v2 = Path("/sys/fs/cgroup")
+    try:
+        if "cpu" in (v2 / "cgroup.subtree_control").read_text().split() and os.access(v2, os.W_OK):
+            return v2, 2
+    except OSError:
+        pass
+    return None
 
-    ``everything=True`` deletes all of autosync's namespaces, live runs included.
+
+def list_cgroups() -> list[Path]:
+    root = cgroup_root()
+    return sorted(p for p in root[0].glob(f"{PREFIX}*") if p.is_dir()) if root else []
+
+
+def _remove_cgroup(path: Path) -> bool:
+    """rmdir a cgroup, first moving what is still in it (a dying rank) to the root."""
+    for attempt in range(20):
+        try:
+            path.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            try:
+                for pid in (path / "cgroup.procs").read_text().split():
+                    try:
+                        (path.parent / "cgroup.procs").write_text(pid)
+                    except OSError:
+                        pass
+            except OSError:
+                pass
+            time.sleep(0.05)
+    log.warning("could not remove cgroup %s", path)
+    return False
+
+
+def sweep(everything: bool = False) -> list[str]:
+    """Delete namespaces (and with them their veths) and CPU cgroups of runs whose process is gone.
+
+    ``everything=True`` deletes all of autosync's namespaces and cgroups, live runs included.
     """
     removed = []
     for name in list_namespaces():
@@ -79,7 +131,92 @@ def sweep(everything: bool = False) -> list[str]:
             continue
         if _run("ip", "netns", "delete", name, check=False).returncode == 0:
             removed.append(name)
+    for path in list_cgroups():
+        m = _NAME.match(path.name)
+        if m and not everything and pid_alive(int(m.group(1))):
+            continue
+        if _remove_cgroup(path):
+            removed.append(f"cgroup {path.name}")
     return removed
+
+
+class CpuLimits:
+    """One CPU cgroup per rank of an emulated cluster: host speeds and intermittent stragglers.
+
+    A rank of host ``k`` gets ``speed_k x cores / world`` cores (no limit at speed 1). While a
+    straggler slice is on, the chosen rank's limit is divided by the slowdown.
+    """
+
+    def __init__(self, base: str, cluster: Cluster, cores: int | None = None):
+        root = cgroup_root()
+        if root is None:
+            raise EmulationError("uneven compute needs a writable cgroup CPU controller (v1 cpu.cfs_quota_us or "
+                                 "v2 cpu.max under /sys/fs/cgroup); this machine has none")
+        self.root, self.version = root
+        self.cluster = cluster
+        self.share = (cores or os.cpu_count() or 1) / cluster.world_size
+        self.paths = [self.root / f"{base}-r{r}" for r in range(cluster.world_size)]
+        self.slowed: int | None = None          # the rank a straggler slice slows now
+        self.lifted = False
+        self.slices = self.straggling = 0       # slices drawn, slices with a straggler
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def create(self) -> None:
+        for p in self.paths:
+            p.mkdir()
+        for r in range(len(self.paths)):
+            self._apply(r)
+        if self.cluster.stragglers is not None:
+            self._thread = threading.Thread(target=self._stragglers, name="autosync-stragglers", daemon=True)
+            self._thread.start()
+
+    def speed(self, rank: int) -> float:
+        """The compute speed rank ``rank`` runs at now (1 = a full share)."""
+        if self.lifted:
+            return 1.0
+        s = self.cluster.speed_of(self.cluster.node_of(rank))
+        if rank == self.slowed and self.cluster.stragglers is not None:
+            s /= self.cluster.stragglers.slowdown
+        return s
+
+    def _apply(self, rank: int) -> None:
+        speed = self.speed(rank)
+        quota = -1 if speed >= 1.0 else max(1000, int(speed * self.share * CFS_PERIOD_US))
+        path = self.paths[rank]
+        try:
+            if self.version == 1:
+                (path / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+                (path / "cpu.cfs_quota_us").write_text(str(quota))
+            else:
+                (path / "cpu.max").write_text(f"{'max' if quota < 0 else quota} {CFS_PERIOD_US}")
+        except OSError as e:
+            if path.exists():
+                raise EmulationError(f"cannot set the CPU limit of {path}: {e}") from e
+
+    def lift(self, lifted: bool) -> None:
+        """Remove (``True``) or restore (``False``) every limit: the full-share reference of a compute check."""
+        self.lifted = lifted
+        for r in range(len(self.paths)):
+            self._apply(r)
+
+    def _stragglers(self) -> None:
+        st = self.cluster.stragglers
+        rng = random.Random(0)   # the same draws every run
+        while not self._stop.wait(st.slice_s):
+            previous = self.slowed
+            self.slowed = rng.randrange(len(self.paths)) if rng.random() < st.fraction else None
+            self.slices += 1
+            self.straggling += self.slowed is not None
+            for r in {previous, self.slowed} - {None}:
+                self._apply(r)
+
+    def remove(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for p in self.paths:
+            _remove_cgroup(p)
 
 
 _probe_result: tuple[bool, str] | None = None
@@ -179,6 +316,7 @@ class EmulatedCluster:
         self.hosts = [f"{self.base}-h{i}" for i in range(cluster.nodes)]
         self.up_ = False
         self._old_sigterm = None
+        self.limits: CpuLimits | None = None
 
     def host_ip(self, node: int) -> str:
         return f"{SUBNET}.{node + 1}"
@@ -188,7 +326,9 @@ class EmulatedCluster:
         return self.host_ip(0)
 
     def placements(self) -> list[RankPlacement]:
-        return [RankPlacement(self.hosts[self.cluster.node_of(r)], HOST_IF) for r in range(self.cluster.world_size)]
+        cgroups = [str(p) for p in self.limits.paths] if self.limits else [None] * self.cluster.world_size
+        return [RankPlacement(self.hosts[self.cluster.node_of(r)], HOST_IF, cgroups[r])
+                for r in range(self.cluster.world_size)]
 
     def pool(self, **kwargs) -> RankPool:
         """A RankPool whose ranks live on the emulated hosts."""
@@ -211,6 +351,9 @@ class EmulatedCluster:
         """
         import sys
 
+        if self.cluster.uneven_compute:
+            raise UserError(f"{self.cluster}: uneven compute (cpu speeds, stragglers) is emulated for autosync's own "
+                            "ranks, not for torchrun jobs; drop it from the spec")
         threads = max(1, (os.cpu_count() or 1) // self.cluster.world_size)   # the hosts share this machine's cores
         return ["ip", "netns", "exec", self.hosts[node], "env", f"GLOO_SOCKET_IFNAME={HOST_IF}",
                 f"OMP_NUM_THREADS={threads}",
@@ -244,6 +387,9 @@ class EmulatedCluster:
         return self
 
     def _build(self) -> None:
+        if self.cluster.uneven_compute:
+            self.limits = CpuLimits(self.base, self.cluster)
+            self.limits.create()
         _run("ip", "netns", "add", self.switch)
         _run("ip", "-n", self.switch, "link", "set", "lo", "up")
         _run("ip", "-n", self.switch, "link", "add", "name", "br0", "type", "bridge")
@@ -274,6 +420,8 @@ class EmulatedCluster:
         self.up_ = False
         for ns in [*self.hosts, self.switch]:
             _run("ip", "netns", "delete", ns, check=False)
+        if self.limits is not None:
+            self.limits.remove()
         atexit.unregister(self.down)
         self._restore_sigterm()
 
@@ -331,8 +479,8 @@ def emulate(cluster: Cluster, unshaped: bool = False):
     Without the rights to emulate it raises UserError (one line; never a silent fallback).
     """
     if unshaped:
-        log.warning("unshaped: %d ranks on this host's loopback; the links of %s are not applied",
-                    cluster.world_size, cluster)
+        log.warning("unshaped: %d ranks on this host's loopback; the links%s of %s are not applied",
+                    cluster.world_size, " and compute speeds" if cluster.uneven_compute else "", cluster)
         return LocalCluster(cluster)
     ok, why = can_emulate()
     if not ok:

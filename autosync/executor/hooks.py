@@ -15,6 +15,12 @@ is a plan with a fast path (plain all-reduce, uncompressed), the hook issues one
 asynchronous all-reduce per bucket instead, like DDP's own ``allreduce_hook``, and chains
 its result from the collective's own future.
 
+Delayed modes (``ssp``, :meth:`~autosync.plans.base.SyncModeDef.delay` ``s > 0``): the hook
+copies the bucket, starts its average by the same path (fast path or worker) and hands DDP,
+at once, the average of the same parameters' gradients of ``s`` steps ago (zeros for the first
+``s`` steps). Averages in flight are kept per step and per parameter, so DDP's rebuilding of
+its buckets after the first step does not mix them up.
+
 Devices: every temporary a plan makes lives on the bucket's device. On CUDA the worker
 thread makes the bucket's device current and issues its kernels on the stream that was
 current when DDP called the hook (the stream backward wrote the bucket on), so they are
@@ -25,6 +31,7 @@ stream waits for it (no host synchronization, no cross-stream hazard).
 # No "from __future__ import annotations": DDP checks the hook's annotations at run time.
 
 import logging
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -76,13 +83,22 @@ class SyncState:
         self.compressors = [registry.compressor(g.compressor.name) for g in strategy.groups]
         self.mode = strategy.sync.kind
         self.iteration = 0
+        plain = all(p.fast_path and c.identity for p, c in zip(self.plans, self.compressors))
+        self.fast_path = plain and not self.mode.bypasses_plans and not force_worker
+        self._subgroups: list = []
+        self.delay = self.mode.delay(strategy.sync)
+        if self.delay and not self.fast_path:
+            # Delayed averages run on the worker while the next forward runs, where DDP issues collectives of its
+            # own (rebuilding buckets, broadcasting buffers) from the main thread: on one process group the two
+            # threads' collectives could interleave differently on each rank. The plans get their own copy.
+            self.pg = dist.new_group(dist.get_process_group_ranks(self.pg))
+            self._subgroups.append(self.pg)
 
         rph = ranks_per_host or self.world
         if self.world % rph:
             raise ValueError(f"ranks_per_host={rph} does not divide the world size {self.world}")
         self.ranks_per_host = rph
         self.intra_group = self.leader_group = None
-        self._subgroups: list = []
         needs_hosts = self.mode.needs_hosts or any(p.needs_hosts for p in self.plans)
         if needs_hosts and 1 < rph:
             ranks = dist.get_process_group_ranks(self.pg)
@@ -97,9 +113,9 @@ class SyncState:
 
         self.compressor_states = [c.make_state(self, g) for c, g in zip(self.compressors, strategy.groups)]
         self._segments_cache: dict[tuple[int, ...], list[Segment]] = {}
-        plain = all(p.fast_path and c.identity for p, c in zip(self.plans, self.compressors))
-        self.fast_path = plain and not self.mode.bypasses_plans and not force_worker
         self._worker = None if self.fast_path else ThreadPoolExecutor(1, thread_name_prefix="autosync-sync")
+        self._in_flight: deque = deque()         # per step: [(future, {param id: (offset, numel)}), ...]
+        self._layouts: dict[tuple[int, ...], dict[int, tuple[int, int]]] = {}
 
     def global_rank(self, group_rank: int) -> int:
         """The global rank of ``group_rank`` of this state's process group."""
@@ -183,7 +199,67 @@ class SyncState:
         self._worker.submit(work)  # type: ignore[union-attr]
         return fut
 
+    # --- delayed (ssp) ---------------------------------------------------------------------------
+    def _start(self, buffer: torch.Tensor, params: list[torch.Tensor], is_last: bool) -> torch.futures.Future:
+        """Start averaging ``buffer`` (a copy of a bucket) by the plans; a future of the average."""
+        if self.fast_path:
+            work = dist.all_reduce(buffer, group=self.pg, async_op=True)
+            return work.get_future().then(lambda fut: fut.value()[0].div_(self.world))
+        segments = self.segments(params, buffer.numel())
+        return self.submit(buffer.device, self.run_bucket, buffer, segments, is_last)
+
+    def delayed(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """Send this step's bucket; hand DDP the average of its parameters' gradients of ``delay`` steps ago."""
+        buffer = bucket.buffer()
+        params = bucket.parameters()
+        key = tuple(id(p) for p in params)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout, offset = {}, 0
+            for p in params:
+                layout[id(p)] = (offset, p.numel())
+                offset += p.numel()
+            self._layouts[key] = layout
+        if not self._in_flight or self._in_flight[-1][0]:      # the first bucket of a step
+            self._in_flight.append([False, []])
+        current = self._in_flight[-1]
+        current[1].append((self._start(buffer.clone(), params, bucket.is_last()), layout))
+        if len(self._in_flight) > self.delay:
+            old = self._in_flight[0][1]
+            for p in params:
+                start, numel = layout[id(p)]
+                for fut, lay in old:
+                    if id(p) in lay:
+                        o, n = lay[id(p)]
+                        buffer[start:start + numel].copy_(fut.wait()[o:o + n])
+                        break
+                else:
+                    buffer[start:start + numel].zero_()
+        else:
+            buffer.zero_()                                      # nothing is s steps old yet
+        if bucket.is_last():
+            current[0] = True
+            if len(self._in_flight) > self.delay:
+                self._in_flight.popleft()
+            self.iteration += 1 if self.fast_path else 0      # run_bucket counts steps on the worker path
+        if buffer.device.type == "cuda":
+            done: torch.futures.Future = torch.futures.Future(devices=[buffer.device])
+        else:
+            done = torch.futures.Future()
+        done.set_result(buffer)
+        return done
+
+    def drain(self) -> None:
+        """Wait for every average still in flight (so that no collective outlives the state)."""
+        while self._in_flight:
+            for fut, _ in self._in_flight.popleft()[1]:
+                try:
+                    fut.wait()
+                except Exception:  # noqa: BLE001 - a failed rank's error was raised in backward already
+                    pass
+
     def close(self) -> None:
+        self.drain()
         if self._worker is not None:
             self._worker.shutdown(wait=True)
         for grp in self._subgroups:
@@ -196,6 +272,8 @@ class SyncState:
 
 def autosync_hook(state: SyncState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: average ``bucket`` over ranks by the strategy's per-group plans."""
+    if state.delay:
+        return state.delayed(bucket)
     buffer = bucket.buffer()
     if state.fast_path:
         work = dist.all_reduce(buffer, group=state.pg, async_op=True)

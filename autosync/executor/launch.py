@@ -46,10 +46,11 @@ class TrialFailure(Exception):
 
 @dataclass(frozen=True)
 class RankPlacement:
-    """Where a rank runs: its network namespace and the interface gloo binds to (None = here)."""
+    """Where a rank runs: its network namespace, the interface gloo binds to and its CPU cgroup (None = here)."""
 
     netns: str | None = None
     ifname: str | None = None
+    cgroup: str | None = None
 
 
 @dataclass
@@ -88,6 +89,9 @@ def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, in
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     try:
+        if place.cgroup:   # before torch starts its threads, which then live under the same limit
+            with open(os.path.join(place.cgroup, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
         if place.netns:
             _enter_netns(place.netns)
         if place.ifname:

@@ -82,3 +82,55 @@ def check_links(pool: RankPool, cluster: Cluster, seconds: float = 0.5, reps: in
         bps, lat = results[b]
         out.append(LinkMeasurement(host, peer, rate, latency, bps, lat))
     return out
+
+
+@dataclass(frozen=True)
+class ComputeMeasurement:
+    host: int
+    configured_speed: float        # the spec's speed of the host (stragglers not included)
+    measured_speed: float          # median over the host's ranks of rate / rate with every limit lifted
+    rate: float                    # matrix products per second of the host's ranks (median)
+
+
+def _compute_task(ctx: RankContext, seconds: float) -> float:
+    """Matrix products per second while every rank computes at once (the ranks share the machine's cores)."""
+    import torch
+    import torch.distributed as dist
+
+    a = torch.randn(128, 128)
+    dist.barrier()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(8):
+            a = torch.tanh(a @ a)
+        n += 8
+    rate = n / (time.perf_counter() - t0)
+    dist.barrier()
+    return rate
+
+
+def check_compute(pool: RankPool, cluster: Cluster, limits=None, seconds: float = 2.0,
+                  timeout: float = 300.0) -> list[ComputeMeasurement]:
+    """Measure each host's compute speed on the ranks of ``pool``.
+
+    Every rank runs the same matrix products for ``seconds``, all at once, twice: with the CPU
+    limits of ``limits`` (an :class:`~autosync.executor.emulate.CpuLimits`) lifted (the
+    full-share reference) and applied; a host's speed is its ranks' median rate ratio. Without
+    ``limits`` (a real cluster, or even compute) it is each host's rate over the fastest host's.
+    """
+    if limits is not None:
+        limits.lift(True)
+        try:
+            free = pool.run(_compute_task, seconds, timeout=timeout)
+        finally:
+            limits.lift(False)
+    rates = pool.run(_compute_task, seconds, timeout=timeout)
+    if limits is None:
+        free = [max(rates)] * len(rates)
+    out = []
+    for host in range(cluster.nodes):
+        ranks = range(host * cluster.ranks_per_node, (host + 1) * cluster.ranks_per_node)
+        out.append(ComputeMeasurement(host, cluster.speed_of(host),
+                                      statistics.median(rates[r] / free[r] for r in ranks),
+                                      statistics.median(rates[r] for r in ranks)))
+    return out

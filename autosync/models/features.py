@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from autosync import plans as registry
-from autosync.models.simulator import SimResult, simulate
+from autosync.models.simulator import SimResult, min_speed, simulate
 from autosync.profiler import Profile
 from autosync.strategy import Strategy
 
@@ -29,7 +29,9 @@ SIM_FEATURES = ["sim_speedup", "sim_exposed_frac", "sim_comm_frac", "sim_log_ste
 #: the device the profile was timed on (1 = CUDA); appended last so older models' columns keep their order.
 #: Every shipped row is CPU, so the shipped models were trained without it (a constant column).
 DEVICE_FEATURES = ["device_gpu"]
-FEATURES = CONTEXT_FEATURES + STRATEGY_FEATURES + SIM_FEATURES + DEVICE_FEATURES
+#: uneven compute (slowest host's speed, intermittent stragglers' mean load y (x - 1)); appended last, as above.
+COMPUTE_FEATURES = ["min_speed", "straggler_load"]
+FEATURES = CONTEXT_FEATURES + STRATEGY_FEATURES + SIM_FEATURES + DEVICE_FEATURES + COMPUTE_FEATURES
 
 
 def _default_sim(profile: Profile) -> SimResult:
@@ -92,6 +94,8 @@ def featurize(profile: Profile, strategy: Strategy, sim: SimResult | None = None
         "sim_comm_frac": sim.comm_s / max(sim.compute_s, 1e-9),
         "sim_log_step_ratio": math.log(sim.step_s / base.step_s),
         "device_gpu": float(profile.context.device == "cuda"),
+        "min_speed": min_speed(profile),
+        "straggler_load": (c.stragglers.fraction * (c.stragglers.slowdown - 1)) if c.stragglers else 0.0,
     })
     return f
 

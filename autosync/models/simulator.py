@@ -14,6 +14,23 @@ of its module in :mod:`autosync.plans`; this module iterates over them. A sync m
 replace a bucket's plans (local SGD after its warm-up averages inside a host only) and add
 a step cost not overlapped with backward (its periodic global averaging).
 
+Delayed modes (ssp, delay ``s >= 1``): a step's buckets are averaged while the next ``s`` steps
+compute, so the step is bound by whichever is longer::
+
+    step = max(F + B + O, sum of bucket times)
+
+Uneven compute: compute (``F``, ``B``, the ready times, ``O``) is divided by the slowest host's
+speed (every mode waits for it; the profile's measured ``host_speeds`` when it has them, else the
+spec's), then multiplied by the intermittent-straggler factor (one random rank ``x`` times slower
+a fraction ``y`` of the time, in slices of ``L`` seconds)::
+
+    factor = 1 + y (x - 1) k,   k = max(1/W, 1 - a (1 - 1/W)),   a = min(1, (w - 1) step / L)
+
+where ``w`` is the mode's window (:meth:`~autosync.plans.base.SyncModeDef.window`: steps a fast
+rank may run ahead; 1 for bsp, so ``k = 1`` and every rank pays every straggle; a long window
+spreads the straggles over the ranks, ``k -> 1/W``). An approximation, stated as such; the
+learned model corrects it from measurements.
+
 ZeRO: the optimizer step shrinks to ``O / W`` and the updated shards are all-gathered
 after it: ``+ t_ag(M)``.
 """
@@ -73,6 +90,23 @@ class SimContext:
         return registry.compressor(g.compressor.name).cost(self, g.compressor, n, shapes, plan_cost)
 
 
+def min_speed(profile: Profile) -> float:
+    """The slowest host's compute speed: measured (the profile's ``host_speeds``) or the spec's."""
+    measured = profile.env.get("host_speeds") if isinstance(profile.env, dict) else None
+    return min(measured) if measured else profile.cluster.min_speed
+
+
+def straggler_factor(profile: Profile, window: float, step_s: float) -> float:
+    """Mean slowdown of a step from intermittent stragglers for a mode of ``window`` (module docstring)."""
+    st = profile.cluster.stragglers
+    if st is None:
+        return 1.0
+    world = profile.cluster.world_size
+    absorbed = min(1.0, max(0.0, window - 1) * step_s / st.slice_s)
+    k = max(1 / world, 1 - absorbed * (1 - 1 / world))
+    return 1 + st.fraction * (st.slowdown - 1) * k
+
+
 def simulate(profile: Profile, strategy: Strategy) -> SimResult:
     """Predicted step time and its parts (see the module docstring for the model)."""
     m = profile.model
@@ -86,6 +120,11 @@ def simulate(profile: Profile, strategy: Strategy) -> SimResult:
     costs = SimContext(profile)
     mode = strategy.sync.kind
     zero = strategy.optimizer_sharding == "zero"
+    slow = 1.0 / min_speed(profile)
+    if profile.cluster.stragglers is not None:
+        plain = (m.forward_s + m.backward_s + m.optimizer_s) * slow
+        slow *= straggler_factor(profile, mode.window(strategy.sync), plain)
+    forward_s, backward_s = m.forward_s * slow, m.backward_s * slow
 
     done = 0.0
     comm_total = 0.0
@@ -93,7 +132,7 @@ def simulate(profile: Profile, strategy: Strategy) -> SimResult:
     buckets = m.buckets(strategy.fusion.bucket_cap_mb)
     n_segments = 0
     for bucket in buckets:
-        ready = max(params[i].ready_s for i in bucket)
+        ready = max(params[i].ready_s for i in bucket) * slow
         bucket_bytes = sum(params[i].nbytes for i in bucket)
         local = mode.bucket_cost(costs, bucket_bytes)
         if local is not None:
@@ -119,8 +158,11 @@ def simulate(profile: Profile, strategy: Strategy) -> SimResult:
         done = start + t
         comm_total += t
 
-    optimizer_s = m.optimizer_s / world if zero else m.optimizer_s
-    step = m.forward_s + max(m.backward_s, done) + optimizer_s
+    optimizer_s = (m.optimizer_s / world if zero else m.optimizer_s) * slow
+    if mode.delay(strategy.sync):
+        step = max(forward_s + backward_s + optimizer_s, comm_total)
+    else:
+        step = forward_s + max(backward_s, done) + optimizer_s
     extra = mode.step_cost(costs, strategy.sync, m.total_bytes)
     step += extra
     comm_total += extra
@@ -128,5 +170,5 @@ def simulate(profile: Profile, strategy: Strategy) -> SimResult:
         gather = costs.t("all_gather", m.total_bytes)
         step += gather
         comm_total += gather
-    compute = m.forward_s + m.backward_s + optimizer_s
+    compute = forward_s + backward_s + optimizer_s
     return SimResult(step, compute, comm_total, max(0.0, step - compute), bytes_per_plan, len(buckets), n_segments)

@@ -13,8 +13,8 @@ columns; append, never insert, or seeded random draws of ``collect`` change.
 """
 from __future__ import annotations
 
-from autosync.plans import (allreduce, bsp, hierarchical_allreduce, local_sgd, lowp, none, powersgd, ps, row_sparse,
-                            sharded_ps, topk)
+from autosync.plans import (adaptive, allreduce, bsp, hierarchical_allreduce, local_sgd, lowp, none, powersgd, ps,
+                            row_sparse, sharded_ps, ssp, topk)
 from autosync.plans.base import CompressorDef, PlanDef, SyncModeDef
 
 PLANS: dict[str, PlanDef] = {p.name: p for p in (
@@ -34,6 +34,8 @@ COMPRESSORS: dict[str, CompressorDef] = {c.name: c for c in (
 SYNC_MODES: dict[str, SyncModeDef] = {m.name: m for m in (
     bsp.MODE,
     local_sgd.MODE,
+    ssp.MODE,
+    adaptive.MODE,
 )}
 
 

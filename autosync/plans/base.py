@@ -133,10 +133,13 @@ class SyncModeDef(Entry):
     allows_zero: ClassVar[bool] = True           # may be combined with ZeroRedundancyOptimizer
     bypasses_plans: ClassVar[bool] = False       # some steps skip the groups' plans
 
-    def parse(self, raw, path: str) -> dict[str, int]:
+    def parse(self, raw, path: str) -> dict[str, int | float]:
         out = {}
         for name, (default, lo, hi) in self.fields.items():
-            out[name] = v.integer(f"{path}.{name}", raw.get(name, default), lo, hi)
+            if isinstance(default, float):
+                out[name] = v.number(f"{path}.{name}", raw.get(name, default), lo, hi)
+            else:
+                out[name] = v.integer(f"{path}.{name}", raw.get(name, default), lo, hi)
         return out
 
     def suggest(self, trial) -> dict[str, Any]:
@@ -145,6 +148,15 @@ class SyncModeDef(Entry):
     def steps_per_round(self, sync) -> int:
         """Steps after which the pattern repeats; timed steps are whole rounds, step time their mean."""
         return 1
+
+    def delay(self, sync) -> int:
+        """Steps between computing a gradient and applying its average (0: the same step; ssp: its staleness)."""
+        return 0
+
+    def window(self, sync) -> float:
+        """Steps a fast rank may run ahead of the slowest one before it waits (1 for bsp): how much of a
+        straggler's delay the mode absorbs (simulator)."""
+        return 1.0
 
     def local_step(self, comm, iteration: int, sync) -> bool:
         """True when this step's buckets skip the plans and stay inside the host."""

@@ -32,6 +32,9 @@ class LocalSGD(SyncModeDef):
     def steps_per_round(self, sync) -> int:
         return sync.period
 
+    def window(self, sync) -> float:
+        return float(sync.period)
+
     def local_step(self, comm, iteration: int, sync) -> bool:
         return iteration >= sync.warmup_steps
 

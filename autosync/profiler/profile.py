@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,12 +96,22 @@ def run_profile(pool: RankPool, cluster: Cluster, workload: str, batch_size: int
                 measure_network: bool = True, timeout: float = 600.0) -> Profile:
     """Profile ``workload`` and the network of ``pool`` (or the spec's nominal numbers).
 
-    The profile's context takes the pool's ``network`` label (emulated, unshaped, real).
+    The profile's context takes the pool's ``network`` label (emulated, unshaped, real). On a
+    cluster of uneven compute the model profile is the fastest rank's (a full-speed host) and
+    the environment records ``host_speeds``: per host, the median over its ranks of the fastest
+    rank's compute time over theirs (measured while every rank profiles at once).
     """
-    model = ModelProfile.from_dict(pool.run(_model_task, workload, batch_size, timeout=timeout)[0])
+    models = [ModelProfile.from_dict(d) for d in pool.run(_model_task, workload, batch_size, timeout=timeout)]
+    extra = dict(getattr(pool, "facts", {}))
+    model = models[0]
+    if cluster.uneven_compute:
+        model = min(models, key=lambda mp: mp.compute_s)
+        rph = cluster.ranks_per_node
+        extra["host_speeds"] = [round(statistics.median(model.compute_s / mp.compute_s
+                                                        for mp in models[h * rph:(h + 1) * rph]), 4)
+                                for h in range(cluster.nodes)]
     network = profile_network(pool, timeout=timeout) if measure_network else NetworkProfile.nominal(cluster)
-    env = environment(pool.network if measure_network else "nominal", pool.backend, pool.device,
-                      **getattr(pool, "facts", {}))
+    env = environment(pool.network if measure_network else "nominal", pool.backend, pool.device, **extra)
     return Profile(model, network, cluster, env)
 
 
