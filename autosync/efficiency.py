@@ -133,7 +133,7 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
 
     from autosync import workloads
     from autosync.executor.apply import apply, release
-    from autosync.executor.device import now, to_device
+    from autosync.executor.device import now, reduce_values, to_device
     from autosync.executor.measure import _make_optimizer
 
     t0 = time.monotonic()
@@ -176,7 +176,32 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
         dist.barrier()
         evals.append(evaluate())
         clock = now(device)
-        for step in range(1, spec.horizon + 1):
+        # An asynchronous mode (asp) in timed mode trains in windows of wall-clock time, not of steps, so that fast
+        # ranks take more steps than slow ones between evaluations, as they would in a real run; the first window
+        # is eval_every steps and sets the length of the rest. Steps = the ranks' total / W (bsp-equivalent).
+        async_timed = timed and strategy.sync.kind.asynchronous
+        window = None
+        while async_timed and steps[-1] < spec.horizon:
+            n, start = 0, now(device)
+            while n < spec.eval_every if window is None else now(device) - start < window:
+                batch = to_device(make_batch(spec.batch_size, gen), device)
+                loss = workloads.loss_of(ddp(**batch))
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=False)
+                train.append(loss.item())
+                n += 1
+            elapsed = now(device) - start
+            taken = reduce_values([float(n)], "sum", device)[0]
+            longest = reduce_values([elapsed], "max", device)[0]
+            window = window or longest
+            train_s.append(train_s[-1] + longest)
+            steps.append(steps[-1] + taken / world)
+            evals.append(evaluate())
+            n_to = steps_to(steps, evals, spec.stop_at)
+            if (n_to is not None and n_to <= steps[-2]) or (spec.max_train_s and train_s[-1] > spec.max_train_s):
+                break
+        for step in range(1, 0 if async_timed else spec.horizon + 1):
             batch = to_device(make_batch(spec.batch_size, gen), device)
             signal_step = spec.signals and not timed and step % spec.eval_every == 0
             if signal_step:

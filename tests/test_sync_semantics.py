@@ -153,3 +153,46 @@ def test_adaptive_synchronizes_less_when_ranks_agree_and_more_when_they_diverge(
         (differ, differ_div), _ = pool.run(_adaptive_syncs, False, 17)
     assert agree_div < 1e-6 and agree == 16 // 8, (agree, agree_div)   # only at max_period: nothing drifts
     assert differ > 2 * agree and differ_div > 0.0005, (differ, differ_div, agree)
+
+
+def _asp_with_a_paused_rank(ctx, fast_steps: int, slow_steps: int, pause: float):
+    """Train mlp by asp: rank 0 ``fast_steps`` steps; rank 1 ``slow_steps``, sleeping ``pause`` s before the first."""
+    import time
+
+    import torch
+
+    from autosync import workloads
+    from autosync.executor.apply import apply, release
+
+    model, make_batch = workloads.build("mlp", seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ddp, opt = apply(model, opt, Strategy.from_dict({"sync": "asp"}), init_sync=False)
+    server = opt.server
+    gen = torch.Generator().manual_seed(1000 + ctx.rank)
+    initial = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
+    t0 = time.monotonic()
+    try:
+        if ctx.rank == 1:
+            time.sleep(pause)
+        for _ in range(fast_steps if ctx.rank == 0 else slow_steps):
+            workloads.loss_of(ddp(**make_batch(32, gen))).backward()
+            opt.step()
+            opt.zero_grad()
+        took = time.monotonic() - t0
+    finally:
+        release(ddp)   # stops the server; every rank gets the master's parameters
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    return {"took": took, "pushes": server.pushes, "served": getattr(server, "served", None),
+            "staleness": server.staleness, "moved": float(abs(flat - initial).max()), "params": flat}
+
+
+def test_asp_makes_progress_while_a_rank_is_paused():
+    """Rank 1 sleeps 3 s; rank 0 trains on (a straggler slows only itself), and rank 1's first push finds a
+    master that took all of rank 0's pushes meanwhile. Both end with the master's parameters."""
+    with RankPool(2, ranks_per_host=1) as pool:
+        fast, slow = pool.run(_asp_with_a_paused_rank, 12, 3, 3.0, timeout=120)
+    assert fast["took"] < 3.0, fast["took"]                          # rank 0 did not wait for the sleeper
+    assert fast["served"] == slow["pushes"] == 3                     # every push of rank 1 reached the server
+    assert slow["staleness"][0] == 12, slow["staleness"]             # ... after all 12 of rank 0's
+    assert fast["moved"] > 1e-3, fast["moved"]                       # the master took the updates
+    assert abs(fast["params"] - slow["params"]).max() == 0.0         # both end with the master

@@ -1,6 +1,7 @@
 """``apply``: wrap a model and its optimizer so that training follows a strategy."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -38,6 +39,9 @@ def apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: St
       with a PeriodicModelAverager: after ``warmup_steps`` steps gradients are averaged only
       inside a host and the parameters of all ranks every ``period`` steps).
 
+    ``sync: asp`` -> no DDP (:class:`Unsynchronized`): gradients stay local and the optimizer wrapper
+    exchanges with the parameter server after each step.
+
     The returned model has ``.autosync_state`` (a :class:`SyncState`); call
     ``autosync.executor.apply.release(ddp_model)`` to free its thread and subgroups.
     """
@@ -47,10 +51,13 @@ def apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: St
     state = SyncState(model, strategy, pg, _ranks_per_host(ranks_per_host),
                       embedding_parameter_names(model), **hook_options)
     fusion = strategy.fusion
-    ddp = DDP(model, process_group=pg, bucket_cap_mb=fusion.bucket_cap_mb,
-              gradient_as_bucket_view=fusion.gradient_as_bucket_view, static_graph=fusion.static_graph,
-              init_sync=init_sync)
-    ddp.register_comm_hook(state, autosync_hook)
+    if strategy.sync.kind.asynchronous:
+        ddp = Unsynchronized(model, pg, init_sync)
+    else:
+        ddp = DDP(model, process_group=pg, bucket_cap_mb=fusion.bucket_cap_mb,
+                  gradient_as_bucket_view=fusion.gradient_as_bucket_view, static_graph=fusion.static_graph,
+                  init_sync=init_sync)
+        ddp.register_comm_hook(state, autosync_hook)
     ddp.autosync_state = state
 
     if strategy.optimizer_sharding == "zero":
@@ -59,7 +66,31 @@ def apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: St
         optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=type(optimizer),
                                             process_group=pg, **optimizer.defaults)
     optimizer = strategy.sync.kind.wrap_optimizer(optimizer, strategy.sync, pg)
+    if hasattr(optimizer, "finish"):   # asp: release() stops the parameter server and hands out its parameters
+        state.closers.append(optimizer.finish)
     return ddp, optimizer
+
+
+class Unsynchronized(torch.nn.Module):
+    """What an asynchronous mode (asp) trains through instead of DDP: the model, with DDP's ``module`` and
+    ``no_sync()``, and no collective at all after the initial broadcast. DDP itself would make every rank wait
+    for the others when it rebuilds its buckets at the second step and when it broadcasts buffers."""
+
+    def __init__(self, module: torch.nn.Module, process_group, init_sync: bool = True):
+        super().__init__()
+        self.module = module
+        if init_sync:
+            src = dist.get_global_rank(process_group, 0) if process_group is not dist.group.WORLD else 0
+            with torch.no_grad():
+                for t in [*module.parameters(), *module.buffers()]:
+                    dist.broadcast(t, src=src, group=process_group)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        yield
 
 
 def release(ddp_model) -> None:

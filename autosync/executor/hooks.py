@@ -114,6 +114,7 @@ class SyncState:
         self.compressor_states = [c.make_state(self, g) for c, g in zip(self.compressors, strategy.groups)]
         self._segments_cache: dict[tuple[int, ...], list[Segment]] = {}
         self._worker = None if self.fast_path else ThreadPoolExecutor(1, thread_name_prefix="autosync-sync")
+        self.closers: list = []                  # called first by close() (asp's parameter server)
         self._in_flight: deque = deque()         # per step: [(future, {param id: (offset, numel)}), ...]
         self._layouts: dict[tuple[int, ...], dict[int, tuple[int, int]]] = {}
 
@@ -259,6 +260,8 @@ class SyncState:
                     pass
 
     def close(self) -> None:
+        while self.closers:
+            self.closers.pop(0)()
         self.drain()
         if self._worker is not None:
             self._worker.shutdown(wait=True)

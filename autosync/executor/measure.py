@@ -5,7 +5,9 @@ on each rank; the step time of the job is the slowest rank's. Throughput is
 ``world_size * batch_size / step_s`` with ``step_s`` the median step time; the coefficient of variation is
 ``std / mean`` of the timed steps. Local SGD is periodic (one step in ``period`` averages
 the model), so its timed steps are whole periods and its step time is their *mean*: a
-median would drop the averaging step and overstate it by up to the period. Peak memory is
+median would drop the averaging step and overstate it by up to the period. An asynchronous
+mode (asp) has no job step: each rank runs at its own pace, so step ``i`` counts as
+``W / sum_r (1 / t_r,i)`` and throughput is the sum of the ranks' rates. Peak memory is
 the largest resident-set peak of any rank during the trial (Linux VmHWM, reset before it).
 """
 from __future__ import annotations
@@ -53,7 +55,8 @@ class TrialResult:
     reason: str = ""
     samples_per_s: float = 0.0
     step_s: float = 0.0               # representative step time: the median, or for periodic modes the mean
-    step_stat: str = "median"         # which of the two step_s is: median | mean (whole rounds of a periodic mode)
+    step_stat: str = "median"         # median | mean (whole rounds of a periodic mode) | async-median (asp: the
+                                      # median of W / sum over ranks of 1/step time: the ranks' summed rates)
     cv: float = 0.0
     peak_mem_mb: float = 0.0
     step_times: list[float] = field(default_factory=list)
@@ -127,7 +130,13 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
                 total = spec.warmup_steps + _whole_periods(max(spec.min_steps, min(spec.steps, fits)), period)
     finally:
         release(ddp)
-    slowest = dev.reduce_values(times, "max", device)
+    if strategy.sync.kind.asynchronous:
+        # ranks run at their own pace: step i's equivalent time is W / sum_r (1 / t_r,i), so that
+        # W x batch / step is the sum of the ranks' rates (not the slowest rank's)
+        rates = dev.reduce_values([1.0 / max(t, 1e-9) for t in times], "sum", device)
+        slowest = [ctx.world_size / r for r in rates]
+    else:
+        slowest = dev.reduce_values(times, "max", device)
     loss_sum = dev.reduce_values(losses, "sum", device)
     peak = dev.reduce_values([peak_rss_mb()], "max", device)[0]
     out: dict[str, Any] = {"step_times": slowest, "losses": [x / ctx.world_size for x in loss_sum],
@@ -143,10 +152,11 @@ def summarize(spec: TrialSpec, world_size: int, raw: dict[str, Any], wall_s: flo
     sync = Strategy.from_dict(spec.strategy).sync
     periodic = sync.kind.steps_per_round(sync) > 1
     step = mean if periodic else statistics.median(timed)
+    stat = "mean" if periodic else "async-median" if sync.kind.asynchronous else "median"
     cv = statistics.pstdev(timed) / mean if len(timed) > 1 and mean > 0 else 0.0
     return TrialResult(str(spec.workload), Strategy.from_dict(spec.strategy).hash, world_size, spec.batch_size, "ok",
                        samples_per_s=world_size * spec.batch_size / step, step_s=step,
-                       step_stat="mean" if periodic else "median", cv=cv,
+                       step_stat=stat, cv=cv,
                        peak_mem_mb=raw["peak_mem_mb"], step_times=timed, losses=raw["losses"], wall_s=wall_s)
 
 

@@ -21,7 +21,7 @@ compute, so the step is bound by whichever is longer::
 
 Uneven compute: compute (``F``, ``B``, the ready times, ``O``) is divided by the slowest host's
 speed (every mode waits for it; the profile's measured ``host_speeds`` when it has them, else the
-spec's), then multiplied by the intermittent-straggler factor (one random rank ``x`` times slower
+spec's; an asynchronous mode, asp, by the hosts' mean speed instead: nobody waits), then multiplied by the intermittent-straggler factor (one random rank ``x`` times slower
 a fraction ``y`` of the time, in slices of ``L`` seconds)::
 
     factor = 1 + y (x - 1) k,   k = max(1/W, 1 - a (1 - 1/W)),   a = min(1, (w - 1) step / L)
@@ -96,6 +96,14 @@ def min_speed(profile: Profile) -> float:
     return min(measured) if measured else profile.cluster.min_speed
 
 
+def mean_speed(profile: Profile) -> float:
+    """The ranks' mean compute speed (what an asynchronous mode runs at: nobody waits for the slowest)."""
+    c = profile.cluster
+    measured = profile.env.get("host_speeds") if isinstance(profile.env, dict) else None
+    speeds = measured or [c.speed_of(h) for h in range(c.nodes)]
+    return sum(speeds) / len(speeds)
+
+
 def straggler_factor(profile: Profile, window: float, step_s: float) -> float:
     """Mean slowdown of a step from intermittent stragglers for a mode of ``window`` (module docstring)."""
     st = profile.cluster.stragglers
@@ -120,7 +128,7 @@ def simulate(profile: Profile, strategy: Strategy) -> SimResult:
     costs = SimContext(profile)
     mode = strategy.sync.kind
     zero = strategy.optimizer_sharding == "zero"
-    slow = 1.0 / min_speed(profile)
+    slow = 1.0 / (mean_speed(profile) if mode.asynchronous else min_speed(profile))
     if profile.cluster.stragglers is not None:
         plain = (m.forward_s + m.backward_s + m.optimizer_s) * slow
         slow *= straggler_factor(profile, mode.window(strategy.sync), plain)

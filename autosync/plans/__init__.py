@@ -13,7 +13,7 @@ columns; append, never insert, or seeded random draws of ``collect`` change.
 """
 from __future__ import annotations
 
-from autosync.plans import (adaptive, allreduce, bsp, hierarchical_allreduce, local_sgd, lowp, none, powersgd, ps,
+from autosync.plans import (adaptive, allreduce, asp, bsp, hierarchical_allreduce, local_sgd, lowp, none, powersgd, ps,
                             row_sparse, sharded_ps, ssp, topk)
 from autosync.plans.base import CompressorDef, PlanDef, SyncModeDef
 
@@ -36,6 +36,7 @@ SYNC_MODES: dict[str, SyncModeDef] = {m.name: m for m in (
     local_sgd.MODE,
     ssp.MODE,
     adaptive.MODE,
+    asp.MODE,
 )}
 
 

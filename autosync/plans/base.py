@@ -132,6 +132,9 @@ class SyncModeDef(Entry):
     needs_hosts: ClassVar[bool] = False
     allows_zero: ClassVar[bool] = True           # may be combined with ZeroRedundancyOptimizer
     bypasses_plans: ClassVar[bool] = False       # some steps skip the groups' plans
+    #: ranks do not wait for each other (asp): each runs at its own pace, throughput is the sum of the ranks'
+    #: rates, and statistical efficiency depends on timing (measured on the cluster, in time-based windows)
+    asynchronous: ClassVar[bool] = False
 
     def parse(self, raw, path: str) -> dict[str, int | float]:
         out = {}
