@@ -72,3 +72,32 @@ def test_corrupt_or_mismatched_model_files_are_refused(tmp_path):
     good = CostModel.load(PRETRAINED / "regressor")
     with pytest.raises(ModelError, match=f"expected {len(good.features)} features"):
         good.predict(np.zeros((3, len(good.features) - 1)))
+
+
+def test_the_simulator_pays_the_slowest_host_and_relaxed_modes_absorb_stragglers():
+    """bsp on a half-speed host computes ~2x longer; asp runs at the hosts' mean speed; under intermittent
+    stragglers a mode with a longer window (ssp 4, local SGD 8) pays less of them than bsp."""
+    import dataclasses
+
+    from autosync.cluster import parse_cluster
+    from autosync.models.features import featurize
+    from autosync.models.simulator import simulate
+    from autosync.profiler import load_profile
+    from autosync.strategy import Strategy
+
+    even = load_profile(SHIPPED_DATA / "profiles" / "resnet-tiny_b32_2x1@10gbit.json")
+    def on(spec):
+        return dataclasses.replace(even, cluster=parse_cluster(spec))
+    bsp, asp = Strategy.default(), Strategy.from_dict({"sync": "asp"})
+    ssp = Strategy.from_dict({"sync": {"mode": "ssp", "staleness": 4}})
+    local = Strategy.from_dict({"sync": {"mode": "local_sgd", "period": 8, "warmup_steps": 0}})
+    half = on("2x1@10gbit;node1=cpu:0.5")
+    assert simulate(half, bsp).compute_s == pytest.approx(2 * simulate(even, bsp).compute_s)
+    assert simulate(half, asp).compute_s == pytest.approx(simulate(even, asp).compute_s / 0.75)
+    strag = on("2x1@10gbit;stragglers=4x@25%,every=100ms")
+    pays = {n: simulate(strag, s).compute_s / simulate(even, s).compute_s
+            for n, s in (("bsp", bsp), ("ssp", ssp), ("local", local))}
+    assert pays["bsp"] == pytest.approx(1 + 0.25 * 3)
+    assert 1 < pays["ssp"] < pays["bsp"] and 1 < pays["local"] < pays["bsp"], pays
+    f = featurize(strag, bsp)
+    assert (f["min_speed"], f["straggler_load"]) == (1.0, 0.75) and featurize(half, bsp)["min_speed"] == 0.5
