@@ -36,6 +36,12 @@ local-SGD drift ``sqrt(mean_i ||theta_i - theta_bar||^2) / ||theta_bar||`` just 
 ``B_simple = tr(Sigma) / |G|^2`` (McCandlish et al. 2018, Appendix A, the unbiased two-batch
 estimator AdaptDL uses, from per-rank gradients of batch B and their mean of batch W B).
 
+**Asynchronous modes** (asp): their efficiency depends on timing (how far behind each push is),
+so it is meaningful only on the cluster itself. In timed mode they train in windows of
+wall-clock time (the first ``eval_every`` steps long), each rank at its own pace, and a curve's
+step count is the ranks' total steps / W. Untimed (the loopback meter), they train step for step
+like the others: an approximation the stored row does not distinguish yet.
+
 A reference whose evaluation loss falls less than ``FLAT_DROP`` (2%) of its start by L*
 cannot rank anything: its candidates are stored with status ``flat`` and no efficiency.
 The protocol trains with Adam (lr 1e-3), the optimizer most users train these models with.

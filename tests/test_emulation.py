@@ -183,10 +183,14 @@ def test_interrupting_a_running_trial_leaves_nothing(sig):
     assert ours() - before == set()
 
 
-def test_a_killed_rank_fails_the_trial_and_leaves_nothing():
+@pytest.mark.parametrize("sync", ["bsp", "asp"])
+def test_a_killed_rank_fails_the_trial_and_leaves_nothing(sync, tmp_path):
+    """Also under asp, whose server thread on rank 0 would wait for the dead worker forever."""
     before = ours()
+    strategy = tmp_path / "s.yaml"
+    strategy.write_text(f"sync: {{mode: {sync}}}\n")
     proc = subprocess.Popen([sys.executable, "-m", "autosync.cli", "run", "--workload", "mlp", "--cluster",
-                             "2x1@100mbit", "--steps", "30", "--timeout", "120", "--json"],
+                             "2x1@100mbit", "--steps", "30", "--timeout", "120", "--json", "--strategy", str(strategy)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         ranks = _wait_for_ranks(proc)

@@ -47,7 +47,7 @@ PREFIX = "autosync-"
 SUBNET = "198.18.0"
 HOST_IF = "veth0"
 _NAME = re.compile(rf"^{PREFIX}(\d+)-([0-9a-f]+)-(sw|h\d+|r\d+)$")
-CFS_PERIOD_US = 100_000
+CFS_PERIOD_US = 10_000   # short periods: a limited rank is throttled in 10 ms slices, not 100 ms bursts
 
 
 class EmulationError(RuntimeError):

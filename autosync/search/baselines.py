@@ -17,6 +17,7 @@ Each is built from a Profile (parameter names, sizes, embeddings, world size):
 - ``local_sgd_4``: post-local SGD (Lin et al. 2020), averaging every 4 steps after 2 warm-up steps.
 - ``ssp_1``: stale synchronous parallel with staleness 1 (Ho et al. 2013): each step applies the
   average of the previous step's gradients, whose all-reduce overlaps this step's compute.
+- ``asp``: an asynchronous parameter server on rank 0 (Downpour-style; a straggler slows only itself).
 - ``adaptive_local_sgd``: local SGD that averages when the sampled divergence of the ranks'
   models exceeds 0.005, at least every 8 steps (PSP / Sync-on-the-fly style), after 2 warm-up steps.
 """
@@ -53,6 +54,7 @@ def baselines(profile: Profile) -> dict[str, Strategy]:
         "hierarchical": {"groups": [{"match": "*", "plan": "hierarchical_allreduce"}]},
         "local_sgd_4": {"sync": {"mode": "local_sgd", "period": 4, "warmup_steps": 2}},
         "ssp_1": {"sync": {"mode": "ssp", "staleness": 1}},
+        "asp": {"sync": "asp"},
         "adaptive_local_sgd": {"sync": {"mode": "adaptive", "max_period": 8, "threshold": 0.005, "warmup_steps": 2}},
     }
     out: dict[str, Strategy] = {}
