@@ -84,3 +84,21 @@ def nothing_left(tmp_path):
 
     yield check
     check()
+
+
+@pytest.fixture
+def store_with_profile():
+    """``make(root, workload, cluster)``: a dataset folder holding the context's (nominal) profile, filed as the
+    emulated one, so that commands start measuring at once instead of profiling first."""
+    from autosync.cluster import parse_cluster
+    from autosync.datasets.store import DatasetStore
+    from autosync.profiler.profile import nominal_profile
+
+    def make(root, workload, cluster):
+        store = DatasetStore(root)
+        profile = nominal_profile(parse_cluster(cluster), workload)
+        profile.env["network"] = "emulated"
+        store.save_profile(profile.context_id, profile.to_dict())
+        return store
+
+    return make

@@ -9,21 +9,9 @@ import optuna
 import pandas as pd
 import pytest
 
-from autosync.datasets.store import DatasetStore
-from autosync.cluster import parse_cluster
 from autosync.executor.emulate import can_emulate
-from autosync.profiler.profile import nominal_profile
 
 pytestmark = pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
-
-
-def _store_with_profile(root, workload, cluster):
-    """A dataset folder holding the context's (nominal) profile: the commands start measuring at once."""
-    store = DatasetStore(root)
-    profile = nominal_profile(parse_cluster(cluster), workload)
-    profile.env["network"] = "emulated"  # stands in for the emulated profile: filed where the commands look
-    store.save_profile(profile.context_id, profile.to_dict())
-    return store
 
 
 def _interrupt_when(cmd, cwd, ready, sig, limit=300.0):
@@ -44,12 +32,12 @@ def _interrupt_when(cmd, cwd, ready, sig, limit=300.0):
     return proc.returncode
 
 
-def test_collect_interrupted_by_sigint_resumes_without_loss_or_duplicates(tmp_path, nothing_left):
+def test_collect_interrupted_by_sigint_resumes_without_loss_or_duplicates(tmp_path, nothing_left, store_with_profile):
     """SIGINT here, SIGTERM in the tune test below (one interruption each: they share the unwinding path, and the
     suite's time is short; both used to take both signals in turn)."""
     cmd = [sys.executable, "-m", "autosync.cli", "collect", "--workloads", "resnet-tiny", "--clusters", "2x1@10gbit",
            "--per-context", "2", "--data", "d", "--budget", "0.3"]
-    store = _store_with_profile(tmp_path / "d", "resnet-tiny", "2x1@10gbit")
+    store = store_with_profile(tmp_path / "d", "resnet-tiny", "2x1@10gbit")
     seen = None
     for sig, rows in ((signal.SIGINT, 2),):
         assert _interrupt_when(cmd, tmp_path, lambda: len(store.read()) >= rows, sig) == 130
@@ -68,11 +56,11 @@ def test_collect_interrupted_by_sigint_resumes_without_loss_or_duplicates(tmp_pa
     nothing_left()
 
 
-def test_tune_interrupted_by_sigterm_resumes_with_the_study_intact(tmp_path, nothing_left):
+def test_tune_interrupted_by_sigterm_resumes_with_the_study_intact(tmp_path, nothing_left, store_with_profile):
     storage = f"sqlite:///{tmp_path}/t.db"
     cmd = [sys.executable, "-m", "autosync.cli", "tune", "--workload", "resnet-tiny", "--cluster", "2x1@10gbit",
            "--measure", "4", "--objective", "throughput", "--confirm-rounds", "0", "--data", "d", "--storage", storage, "--out", "s.yaml"]
-    store = _store_with_profile(tmp_path / "d", "resnet-tiny", "2x1@10gbit")
+    store = store_with_profile(tmp_path / "d", "resnet-tiny", "2x1@10gbit")
 
     def study_hashes():
         summaries = optuna.get_all_study_summaries(storage)
