@@ -78,6 +78,21 @@ def emulated(cluster: str | Cluster, unshaped: bool = False):
     return _Guard()
 
 
+def check_faithful(cluster: Cluster, beyond_range: bool, command: str) -> None:
+    """UserError when ``command`` would measure ``cluster`` beyond what this machine emulates faithfully."""
+    from autosync.executor.emulate import can_emulate
+    from autosync.executor.fidelity import beyond
+
+    if beyond_range or not can_emulate()[0]:
+        return
+    reasons = beyond(cluster)
+    if reasons:
+        hint = ("predict it instead with --measure 0 (Python: measure=0), or pass --beyond-range"
+                if command == "tune" else "pass --beyond-range")
+        raise UserError(f"{cluster} is beyond what this machine emulates faithfully ({'; '.join(reasons)}); {hint} "
+                        "to measure it anyway (results are labelled emulated-beyond)")
+
+
 def load_model(path: str | Path | None = None, kind: str = "regressor"):
     from autosync.models.ranker import CostModel
     from autosync.models.train import PRETRAINED
@@ -90,13 +105,14 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
              model_path: str | Path | None = None, seed: int = 0, candidates: int = 500,
              settings=None, on_measured=None, status=None, profile_path: str | Path | None = None,
              unshaped: bool = False, objective: str | None = None, confirm_rounds: int = 3, finalists: int = 3,
-             pool=None):
+             pool=None, beyond_range: bool = False):
     """Tune ``workload`` on ``cluster``; ``profile_path`` (from `autosync profile`) replaces profiling.
 
     ``objective``: ``time-to-loss`` (default; ``lossless`` when ``lossless``), ``throughput`` or ``lossless``
     (see :func:`autosync.search.tuner.tune`). ``pool``: the job's own ranks (:func:`job`, in-job mode; call on
     rank 0): profile, trials and efficiency runs happen there instead of on the emulated ``cluster``, which then
-    only names the job's shape and nominal links. Returns ``(TuneResult, Profile)``.
+    only names the job's shape and nominal links. Measuring an emulated cluster beyond this machine's faithful
+    range (:mod:`autosync.executor.fidelity`) is refused unless ``beyond_range``. Returns ``(TuneResult, Profile)``.
     """
     from autosync.efficiency import EfficiencyMeter
     from autosync.models.efficiency_model import EfficiencyModel, fit_store
@@ -107,6 +123,8 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
     from autosync.search.trials import TrialSettings
     from autosync.search.tuner import tune as _tune_loop
 
+    if measure and pool is None and not unshaped:
+        check_faithful(cluster, beyond_range, "tune")
     settings = settings or TrialSettings()
     model = load_model(model_path)
     batch = batch_size or workloads.default_batch_size(workload)
@@ -300,7 +318,8 @@ def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | 
 
 def collect(workload_names: list[str], clusters: list[str | Cluster], data: str | Path = "autosync-data",
             per_context: int = 20, timeout: float = 90.0, budget: float = 4.0, batch_size: int | None = None,
-            seed: int = 0, unshaped: bool = False, progress: bool = True, pool=None) -> dict[str, int]:
+            seed: int = 0, unshaped: bool = False, progress: bool = True, pool=None,
+            beyond_range: bool = False) -> dict[str, int]:
     """Measure every baseline and ``per_context`` random strategies per (workload, cluster) into ``data``.
 
     With ``pool`` (the job's ranks, from :func:`job`), measured in the job: one cluster, of the job's shape."""
@@ -309,11 +328,14 @@ def collect(workload_names: list[str], clusters: list[str | Cluster], data: str 
 
     for name in workload_names:
         resolve_workload(name, batch_size=batch_size)
+    clusters = [_cluster(c) for c in clusters]
+    if pool is None and not unshaped:
+        for c in clusters:
+            check_faithful(c, beyond_range, "collect")
     check_output(data, "dataset", directory=True)
     store = DatasetStore(data)
     store.read()  # a damaged dataset is reported before anything is measured
     settings = TrialSettings(timeout_s=timeout, time_budget_s=budget, seed=seed)
-    clusters = [_cluster(c) for c in clusters]
     if pool is not None:
         if len(clusters) != 1:
             raise UserError("in a job, collect measures the job's own cluster: give one --clusters spec, its shape")
@@ -325,7 +347,8 @@ def collect(workload_names: list[str], clusters: list[str | Cluster], data: str 
 def tune(workload_or_model, make_batch: Callable | None = None, cluster: str | Cluster = "2x1@1gbit",
          measure: int = 8, lossless: bool = False, storage: str = DEFAULT_STORAGE, batch_size: int | None = None,
          data: str | Path = "autosync-data", seed: int = 0, out: str | Path | None = None,
-         unshaped: bool = False, objective: str | None = None, confirm_rounds: int = 3) -> Strategy:
+         unshaped: bool = False, objective: str | None = None, confirm_rounds: int = 3,
+         beyond_range: bool = False) -> Strategy:
     """Find a synchronization strategy for a workload (a name) or a model (with make_batch) on a cluster.
 
     Measures ``measure`` strategies for real on the emulated ``cluster`` (0 = predict only)
@@ -344,7 +367,7 @@ def tune(workload_or_model, make_batch: Callable | None = None, cluster: str | C
         check_output(out, "strategy file")
     w = resolve_workload(workload_or_model, make_batch, batch_size)
     result, prof = run_tune(w, cluster, measure, lossless, storage, data, batch_size, seed=seed, unshaped=unshaped,
-                            objective=objective, confirm_rounds=confirm_rounds)
+                            objective=objective, confirm_rounds=confirm_rounds, beyond_range=beyond_range)
     if out:
         _write(out, lambda p: Path(p).write_text(strategy_file_text(result, prof)))
     return result.strategy

@@ -5,6 +5,7 @@ Every error a user can cause ends with one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -138,9 +139,12 @@ def _validate_run(args) -> tuple[object, object]:
     return strategy, args.batch_size or workloads.default_batch_size(args.workload)
 
 
-def _print_result(result, as_json: bool, title: str) -> None:
+def _print_result(result, as_json: bool, title: str, where: str | None = None) -> None:
     if as_json:
-        print(result.to_json())
+        if where is None:
+            print(result.to_json())
+        else:   # where the numbers come from (emulated, unshaped, beyond the faithful range) travels with them
+            print(json.dumps({**json.loads(result.to_json()), "measured_on": where}))
         return
     from rich.table import Table
 
@@ -164,7 +168,7 @@ def _cmd_run(args) -> int:
     result, where = api.run(args.workload, strategy=args.strategy, cluster=args.cluster, nproc=args.nproc,
                             ranks_per_host=args.ranks_per_host, batch_size=args.batch_size, steps=args.steps,
                             warmup=args.warmup, seed=args.seed, timeout=args.timeout, unshaped=args.unshaped)
-    _print_result(result, args.json, f"{args.workload} on {where}, strategy {result.strategy_hash}")
+    _print_result(result, args.json, f"{args.workload} on {where}, strategy {result.strategy_hash}", where)
     return 0 if result.ok else 1
 
 
@@ -344,6 +348,9 @@ def _add_collect(sub) -> None:
     p.add_argument("--unshaped", action="store_true",
                    help="measure on this host's loopback without shaping the links (no root needed); the results "
                         "are labelled unshaped and never mixed with shaped data")
+    p.add_argument("--beyond-range", action="store_true",
+                   help="measure even a cluster beyond what this machine emulates faithfully (more than 2 ranks per "
+                        "core, or links faster than it carries); results are labelled emulated-beyond")
     _add_in_job(p, "Give one --clusters spec; --timeout is then also the limit of each collective.")
     p.set_defaults(func=_job_aware(_cmd_collect))
 
@@ -353,7 +360,7 @@ def _cmd_collect(args) -> int:
 
     counts = api.collect(args.workloads, args.clusters, data=args.data, per_context=args.per_context,
                          timeout=args.timeout, budget=args.budget, batch_size=args.batch_size, seed=args.seed,
-                         unshaped=args.unshaped, pool=args.pool)
+                         unshaped=args.unshaped, pool=args.pool, beyond_range=args.beyond_range)
     print(f"collect: {counts['ok']} ok, {counts['failed']} failed, {counts['timeout']} timed out, "
           f"{counts['skipped']} already stored -> {args.data}")
     return 0
@@ -532,6 +539,9 @@ def _add_tune(sub) -> None:
     p.add_argument("--unshaped", action="store_true",
                    help="measure on this host's loopback without shaping the links (no root needed); the results "
                         "are labelled unshaped and never mixed with shaped data")
+    p.add_argument("--beyond-range", action="store_true",
+                   help="measure even a cluster beyond what this machine emulates faithfully (more than 2 ranks per "
+                        "core, or links faster than it carries); results are labelled emulated-beyond")
     _add_in_job(p, "A trial that fails ends the job so that torchrun --max-restarts starts it again with a fresh "
                    "process group; the search resumes from the dataset and the study, the failed trial stored "
                    "with its reason. --timeout is then also the limit of each collective.")
@@ -568,7 +578,7 @@ def _cmd_tune(args) -> int:
                                    on_measured=on_measured, status=lambda text: status.update(text),
                                    profile_path=args.profile, settings=TrialSettings(timeout_s=args.timeout),
                                    unshaped=args.unshaped, objective=objective, confirm_rounds=args.confirm_rounds,
-                                   pool=args.pool)
+                                   pool=args.pool, beyond_range=args.beyond_range)
     Path(args.out).write_text(strategy_file_text(result, profile))
     console = _console()
     if result.measured:

@@ -3,7 +3,8 @@
 A context is the workload, its per-rank batch, the cluster spec, and the environment
 really used to measure: the network (``emulated`` = namespaces and tc shaped as the spec
 says; ``unshaped`` = local loopback, the spec's links *not* applied; ``real`` = the job's
-own cluster; ``nominal`` = nothing measured, the spec's numbers), the backend and the
+own cluster; ``nominal`` = nothing measured, the spec's numbers; ``emulated-beyond`` = emulated,
+but beyond what this machine emulates faithfully: :mod:`autosync.executor.fidelity`), the backend and the
 device. Rows of one context are comparable with each other and with nothing else: the id
 keys profiles, dataset rows, Optuna studies and benchmark rows.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-NETWORKS = ("emulated", "unshaped", "real", "nominal")
+NETWORKS = ("emulated", "unshaped", "real", "nominal", "emulated-beyond")
 DEFAULT_ENV = ("emulated", "gloo", "cpu")
 
 
@@ -46,13 +47,15 @@ class Context:
     @property
     def shaped(self) -> bool:
         """Whether the measured links are those of the spec (emulated as it says, or the real cluster)."""
-        return self.network in ("emulated", "real")
+        return self.network in ("emulated", "real", "emulated-beyond")
 
     @property
     def label(self) -> str:
         """How tables and files name where the numbers come from."""
         if self.network == "emulated":
             return f"{self.cluster} (emulated, {self.backend}/{self.device})"
+        if self.network == "emulated-beyond":
+            return f"{self.cluster} (emulated BEYOND this machine's faithful range, {self.backend}/{self.device})"
         if self.network == "unshaped":
             return f"unshaped loopback ({self.cluster}'s links NOT applied, {self.backend}/{self.device})"
         if self.network == "real":

@@ -1,4 +1,5 @@
 """The emulated cluster: real namespaces, veths, tc and gloo ranks. Needs root (skips without)."""
+import json
 import os
 import signal
 import subprocess
@@ -202,3 +203,24 @@ def test_a_killed_rank_fails_the_trial_and_leaves_nothing(sync, tmp_path):
     assert '"status": "failed"' in out and "SIGKILL" in out
     assert _gone(ranks)
     assert ours() - before == set()
+
+
+def test_the_faithful_range_is_probed_once_cached_and_a_run_beyond_it_says_so(tmp_path, monkeypatch):
+    """The link rate this machine carries is measured once and cached; a cluster beyond the range is named as
+    such by `run` (one warning line, and the result is labelled emulated-beyond)."""
+    from autosync.executor import fidelity
+
+    monkeypatch.setenv("AUTOSYNC_CACHE_DIR", str(tmp_path / "cache"))
+    limits = fidelity.faithful_range()
+    assert limits["carried_bps"] > 1e9 and (tmp_path / "cache" / "fidelity.json").exists()
+    monkeypatch.setattr(fidelity, "probe_rate", lambda *a: pytest.fail("probed again instead of reading the cache"))
+    assert fidelity.faithful_range() == limits
+    assert fidelity.beyond(parse_cluster("2x1@1gbit"), limits) == []
+    big = fidelity.beyond(parse_cluster("2x8@100gbit"), limits)
+    assert len(big) == 2 and big[0].startswith("16 ranks on") and "100 Gbit/s links" in big[1], big
+    out = subprocess.run([sys.executable, "-m", "autosync.cli", "run", "--workload", "mlp", "--cluster", "2x1@100gbit",
+                          "--steps", "2", "--warmup", "1", "--json"], capture_output=True, text=True, timeout=180,
+                         env={**os.environ, "AUTOSYNC_CACHE_DIR": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr
+    assert "beyond what this machine emulates faithfully" in out.stderr and "100 Gbit/s links" in out.stderr
+    assert "BEYOND this machine's faithful range" in json.loads(out.stdout)["measured_on"]

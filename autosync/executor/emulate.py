@@ -317,6 +317,7 @@ class EmulatedCluster:
         self.up_ = False
         self._old_sigterm = None
         self.limits: CpuLimits | None = None
+        self.beyond: list[str] = []             # what of the cluster this machine cannot emulate faithfully
 
     def host_ip(self, node: int) -> str:
         return f"{SUBNET}.{node + 1}"
@@ -373,6 +374,13 @@ class EmulatedCluster:
         if not self.netem and any(l.latency_s or l.jitter_s for l in links):
             raise EmulationError("this kernel has no netem qdisc: latency and jitter cannot be emulated here "
                                  "(bandwidth and loss can; drop them from the cluster spec)")
+        from autosync.executor.fidelity import beyond
+
+        self.beyond = beyond(self.cluster)
+        if self.beyond:
+            self.network = "emulated-beyond"
+            log.warning("%s is beyond what this machine emulates faithfully (%s): its results are labelled "
+                        "emulated-beyond", self.cluster, "; ".join(self.beyond))
         left = sweep()
         if left:
             log.warning("removed %d namespaces left by dead autosync runs", len(left))

@@ -64,6 +64,10 @@ CASES = [
     (["tune", "--workload", "mlp", "--cluster", "0x1@1gbit"], "must be at least 1"),
     (["tune", "--model", "mlp", "--cluster", "2x1@1gbit", "--measure", "0", "--cost-model", "/none"],
      "cannot read model card"),
+    (["tune", "--workload", "mlp", "--cluster", "2x8@25gbit", "--measure", "2"],
+     "beyond what this machine emulates faithfully (16 ranks on"),
+    (["tune", "--workload", "mlp", "--cluster", "2x8@25gbit", "--measure", "2"], "predict it instead with --measure 0"),
+    (["collect", "--workloads", "mlp", "--clusters", "2x8@1gbit"], "pass --beyond-range to measure it anyway"),
     # cluster
     (["cluster"], "required: ACTION"),
     (["cluster", "check"], "required: SPEC"),
@@ -78,7 +82,7 @@ CASES = [
 @pytest.mark.parametrize("argv, message", CASES, ids=[" ".join(c[0])[:60] or "<none>" for c in CASES])
 def test_bad_command_line(argv, message, tmp_path):
     out = subprocess.run([sys.executable, "-m", "autosync.cli", *argv], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path if argv[:1] == ["tune"] else None)
+                         cwd=tmp_path if argv[:1] in (["tune"], ["collect"]) else None)
     assert out.returncode == 2, (out.stdout, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr
