@@ -3,6 +3,7 @@ line, the commit and the date at its top, so that every table can be regenerated
 from __future__ import annotations
 
 import datetime
+import json
 import shlex
 import subprocess
 import sys
@@ -65,3 +66,39 @@ def speedup_bars(labels: list[str], series: dict[str, list[float]], ylabel: str,
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def load_rows(work: Path) -> dict[tuple[str, str], dict]:
+    """The contexts a resumable benchmark finished in ``work`` (rows.jsonl): (workload, cluster) -> its last row."""
+    path = Path(work) / "rows.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return {(r["workload"], r["cluster"]): r for r in rows}
+
+
+def run_contexts(args, work: Path, done, measure_one, show) -> list[dict]:
+    """Measure every (cluster, workload) of ``args`` not in ``done``, one emulated cluster and rank pool per cluster.
+
+    ``measure_one(pool, cluster, spec, workload, prior)`` returns a context's row (``prior``: its earlier row, if
+    any), which is appended to ``work/rows.jsonl`` at once (an interrupted run resumes) and printed by ``show``.
+    Returns the rows of ``args``' contexts in (cluster, workload) order."""
+    import time
+
+    from autosync.cluster import parse_cluster
+    from autosync.executor.emulate import emulate
+
+    rows = load_rows(work)
+    for spec in args.clusters:
+        todo = [wl for wl in args.workloads if (wl, spec) not in done]
+        if not todo:
+            continue
+        cluster = parse_cluster(spec)
+        with emulate(cluster) as emu, emu.pool() as pool:
+            for wl in todo:
+                t0 = time.monotonic()
+                row = measure_one(pool, cluster, spec, wl, rows.get((wl, spec)))
+                row["bench_s"] = time.monotonic() - t0
+                with (Path(work) / "rows.jsonl").open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                rows[(wl, spec)] = row
+                print(show(row), flush=True)
+    return [rows[(w, c)] for c in args.clusters for w in args.workloads if (w, c) in rows]

@@ -22,7 +22,6 @@ on these 2 cores. Resumable: finished contexts are kept in ``--work`` (rows.json
     python bench/stragglers.py [--workloads ...] [--clusters ...] [--measure 3] [--work DIR]
 """
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -30,11 +29,9 @@ from pathlib import Path
 from autosync import plans
 from autosync import workloads as W
 from autosync.api import load_model
-from autosync.cluster import parse_cluster
 from autosync.context import Context
 from autosync.datasets.store import DatasetStore
 from autosync.efficiency import EfficiencyMeter, target
-from autosync.executor.emulate import emulate
 from autosync.models import training
 from autosync.models.efficiency_model import EfficiencyModel, fit_store
 from autosync.models.train import SHIPPED_DATA
@@ -44,7 +41,7 @@ from autosync.search.collect import context_profile
 from autosync.search.trials import TrialSettings
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
-from _results import RESULTS, speedup_bars, write as write_result
+from _results import RESULTS, load_rows, run_contexts, speedup_bars, write as write_result
 from time_to_loss import fmt_time, ratio, time_to_target
 
 ARMS = ("DDP default", "local_sgd_4", "ssp_1", "adaptive_local_sgd", "asp", "autosync")
@@ -144,12 +141,10 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    done_file = work / "rows.jsonl"
-    rows = [json.loads(x) for x in done_file.read_text().splitlines()] if done_file.exists() else []
-    by_key = {(r["workload"], r["cluster"]): r for r in rows}     # the last row of a context counts
-    rows = list(by_key.values())
+    by_key = load_rows(work)
     # a context is done when no arm the registry can run now is missing from its row
-    done = {k for k, r in by_key.items() if all(r.get(a) is not None for a in ARMS if a != "asp" or "asp" in plans.SYNC_MODES)}
+    done = {k for k, r in by_key.items()
+            if all(r.get(a) is not None for a in ARMS if a != "asp" or "asp" in plans.SYNC_MODES)}
     shipped = DatasetStore(SHIPPED_DATA, create=False)
     base = None if args.report_only else training.build(shipped)
     cost_model = load_model(None)
@@ -163,25 +158,15 @@ def main() -> None:
     def say(msg):
         print(f"  {msg}", flush=True)
 
-    for spec in [] if args.report_only else args.clusters:
-        todo = [wl for wl in args.workloads if (wl, spec) not in done]
-        if not todo:
-            continue
-        cluster = parse_cluster(spec)
-        with emulate(cluster) as emu, emu.pool() as pool:
-            for wl in todo:
-                t0 = time.monotonic()
-                row = run_context(pool, cluster, spec, wl, args, shipped, base, cost_model, eff_model, work,
-                                  settings, say, prior=by_key.get((wl, spec)))
-                row["bench_s"] = time.monotonic() - t0
-                with done_file.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                rows = [r for r in rows if (r["workload"], r["cluster"]) != (wl, spec)] + [row]
-                print(f"{wl} {spec}: " + "  ".join(f"{a} {fmt_time(row[a]) if row[a] else '-'}" for a in ARMS)
-                      + f"  ({row['bench_s']:.0f} s)", flush=True)
-    order = {(w, c): i for i, (c, w) in enumerate((c, w) for c in args.clusters for w in args.workloads)}
-    rows = sorted((r for r in rows if (r["workload"], r["cluster"]) in order),
-                  key=lambda r: order[(r["workload"], r["cluster"])])
+    def measure_one(pool, cluster, spec, wl, prior):
+        return run_context(pool, cluster, spec, wl, args, shipped, base, cost_model, eff_model, work, settings, say,
+                           prior=prior)
+
+    if args.report_only:   # nothing is measured: every context counts as done
+        done = {(w, c) for c in args.clusters for w in args.workloads}
+    rows = run_contexts(args, work, done, measure_one,
+                        lambda row: f"{row['workload']} {row['cluster']}: " + "  ".join(
+                            f"{a} {fmt_time(row[a]) if row[a] else '-'}" for a in ARMS) + f"  ({row['bench_s']:.0f} s)")
     lines = table(rows, args)
     write_result(args.out, lines)
     print("\n".join(lines))

@@ -21,18 +21,15 @@ measured by the tunes are stored there and reused across clusters (they do not d
     python bench/time_to_loss.py [--workloads ...] [--clusters ...] [--measure 4] [--work DIR]
 """
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 from autosync import workloads as W
 from autosync.api import load_model
-from autosync.cluster import parse_cluster
 from autosync.context import Context
 from autosync.datasets.store import DatasetStore
 from autosync.efficiency import CurveSpec, EfficiencyMeter, measure_curve, smooth, target
-from autosync.executor.emulate import emulate
 from autosync.models import training
 from autosync.models.efficiency_model import EfficiencyModel, fit_store
 from autosync.models.train import SHIPPED_DATA
@@ -42,7 +39,7 @@ from autosync.search.collect import context_profile
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
-from _results import RESULTS, speedup_bars, write as write_result
+from _results import RESULTS, load_rows, run_contexts, speedup_bars, write as write_result
 
 PICKERS = ("DDP default", "best baseline", "tune ttl", "tune thr")
 
@@ -160,9 +157,7 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    done_file = work / "rows.jsonl"
-    rows = [json.loads(x) for x in done_file.read_text().splitlines()] if done_file.exists() else []
-    done = {(r["workload"], r["cluster"]) for r in rows}
+    done = set(load_rows(work))
     shipped = DatasetStore(SHIPPED_DATA, create=False)
     base = training.build(shipped)
     cost_model = load_model(None)
@@ -175,25 +170,12 @@ def main() -> None:
     def say(msg):
         print(f"  {msg}", flush=True)
 
-    for spec in args.clusters:
-        todo = [wl for wl in args.workloads if (wl, spec) not in done]
-        if not todo:
-            continue
-        cluster = parse_cluster(spec)
-        with emulate(cluster) as emu, emu.pool() as pool:
-            for wl in todo:
-                t0 = time.monotonic()
-                row = run_context(pool, cluster, spec, wl, args, shipped, base, cost_model, eff_model, work,
-                                  settings, say)
-                row["bench_s"] = time.monotonic() - t0
-                with done_file.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                rows.append(row)
-                print(f"{wl} {spec}: " + "  ".join(f"{p} {fmt_time(row[p])}" for p in PICKERS)
-                      + f"  ({row['bench_s']:.0f} s)", flush=True)
-    order = {(w, c): i for i, (c, w) in enumerate((c, w) for c in args.clusters for w in args.workloads)}
-    rows = sorted((r for r in rows if (r["workload"], r["cluster"]) in order),
-                  key=lambda r: order[(r["workload"], r["cluster"])])
+    def measure_one(pool, cluster, spec, wl, prior):
+        return run_context(pool, cluster, spec, wl, args, shipped, base, cost_model, eff_model, work, settings, say)
+
+    rows = run_contexts(args, work, done, measure_one,
+                        lambda row: f"{row['workload']} {row['cluster']}: "
+                        + "  ".join(f"{p} {fmt_time(row[p])}" for p in PICKERS) + f"  ({row['bench_s']:.0f} s)")
     lines = table(rows, args)
     write_result(args.out, lines)
     print("\n".join(lines))

@@ -69,7 +69,7 @@ def machine_key() -> str:
 
 def probe_rate(seconds: float = PROBE_SECONDS) -> float:
     """Bit/s one TCP stream carries between two network namespaces over an unshaped veth."""
-    from autosync.executor.emulate import PREFIX, _run
+    from autosync.executor.emulate import PREFIX, EmulationError, _run
 
     base = f"{PREFIX}{os.getpid()}-0-probe"
     a, b = f"{base}a", f"{base}b"
@@ -84,7 +84,8 @@ def probe_rate(seconds: float = PROBE_SECONDS) -> float:
         server = subprocess.Popen(["ip", "netns", "exec", a, sys.executable, "-c", _SERVER.format(addr="198.19.0.1")],
                                   stdout=subprocess.PIPE, text=True)
         try:
-            assert server.stdout.readline().strip() == "ready"
+            if server.stdout.readline().strip() != "ready":
+                raise EmulationError("the link-rate probe's receiver did not start")
             subprocess.run(["ip", "netns", "exec", b, sys.executable, "-c",
                             _CLIENT.format(addr="198.19.0.1", seconds=seconds)], check=True, timeout=60)
             return float(server.communicate(timeout=30)[0].strip())

@@ -181,11 +181,8 @@ class SyncState:
 
     def submit(self, device: torch.device, fn, *args) -> torch.futures.Future:
         """Run ``fn(*args)`` on the worker thread; a future for its result, right on ``device``."""
-        if device.type == "cuda":
-            stream = torch.cuda.current_stream(device)
-            fut: torch.futures.Future = torch.futures.Future(devices=[device])
-        else:
-            stream, fut = None, torch.futures.Future()
+        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        fut = _future(device)
 
         def work() -> None:
             try:
@@ -201,8 +198,8 @@ class SyncState:
         return fut
 
     # --- delayed (ssp) ---------------------------------------------------------------------------
-    def _start(self, buffer: torch.Tensor, params: list[torch.Tensor], is_last: bool) -> torch.futures.Future:
-        """Start averaging ``buffer`` (a copy of a bucket) by the plans; a future of the average."""
+    def average(self, buffer: torch.Tensor, params: list[torch.Tensor], is_last: bool) -> torch.futures.Future:
+        """Start averaging ``buffer`` (a bucket, or a copy of one) by the plans; a future of the average."""
         if self.fast_path:
             work = dist.all_reduce(buffer, group=self.pg, async_op=True)
             return work.get_future().then(lambda fut: fut.value()[0].div_(self.world))
@@ -224,7 +221,7 @@ class SyncState:
         if not self._in_flight or self._in_flight[-1][0]:      # the first bucket of a step
             self._in_flight.append([False, []])
         current = self._in_flight[-1]
-        current[1].append((self._start(buffer.clone(), params, bucket.is_last()), layout))
+        current[1].append((self.average(buffer.clone(), params, bucket.is_last()), layout))
         if len(self._in_flight) > self.delay:
             old = self._in_flight[0][1]
             for p in params:
@@ -243,11 +240,8 @@ class SyncState:
             if len(self._in_flight) > self.delay:
                 self._in_flight.popleft()
             self.iteration += 1 if self.fast_path else 0      # run_bucket counts steps on the worker path
-        if buffer.device.type == "cuda":
-            done: torch.futures.Future = torch.futures.Future(devices=[buffer.device])
-        else:
-            done = torch.futures.Future()
-        done.set_result(buffer)
+        done = _future(buffer.device)
+        done.set_result(buffer)   # on CUDA: records an event on the current stream, which DDP waits on
         return done
 
     def drain(self) -> None:
@@ -273,13 +267,13 @@ class SyncState:
         self._subgroups.clear()
 
 
+def _future(device: torch.device) -> torch.futures.Future:
+    """A future DDP can wait on for a tensor on ``device`` (on CUDA, by an event on the stream that sets it)."""
+    return torch.futures.Future(devices=[device]) if device.type == "cuda" else torch.futures.Future()
+
+
 def autosync_hook(state: SyncState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: average ``bucket`` over ranks by the strategy's per-group plans."""
     if state.delay:
         return state.delayed(bucket)
-    buffer = bucket.buffer()
-    if state.fast_path:
-        work = dist.all_reduce(buffer, group=state.pg, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0].div_(state.world))
-    segments = state.segments(bucket.parameters(), buffer.numel())
-    return state.submit(buffer.device, state.run_bucket, buffer, segments, bucket.is_last())
+    return state.average(bucket.buffer(), bucket.parameters(), bucket.is_last())

@@ -33,7 +33,6 @@ class AsyncParameterServer:
     def __init__(self, params, process_group=None):
         import threading
 
-        import torch
         import torch.distributed as dist
 
         self.params = [p for p in params if p.requires_grad]
@@ -55,7 +54,6 @@ class AsyncParameterServer:
             self._error: BaseException | None = None
             self.thread = threading.Thread(target=self._serve, name="autosync-asp-server", daemon=True)
             self.thread.start()
-        self._torch = torch
 
     def _flat(self):
         import torch
