@@ -154,6 +154,8 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
         with _ranks(cluster, unshaped, pool) as ranks:
             profile = given if given is not None else context_profile(store, ranks, cluster, workload, batch, status)
             recovered = _recovered(store, profile, ranks)
+            if meter is not None and not unshaped:
+                meter.on_cluster(ranks, cluster.spec())     # asp's efficiency depends on the cluster's timing
             if status:
                 status(f"tuning: {measure} measured trials")
             result = _tune_loop(profile, model, measure, store, storage, ranks if measure else None, base, lossless,

@@ -107,11 +107,20 @@ class Curve:
         return None if n is None else float(np.interp(n, self.steps, self.train_s))
 
 
-def key(workload: str, batch_size: int, world: int, ranks_per_host: int, strategy: Strategy) -> str:
+#: where a timing-dependent efficiency was measured when not on a cluster
+LOOPBACK = "loopback"
+
+
+def key(workload: str, batch_size: int, world: int, ranks_per_host: int, strategy: Strategy,
+        cluster: str | None = None) -> str:
     """Where one efficiency measurement applies: workload, batch, world (and hosts, for a mode that uses
-    them) and the strategy's lossy choices. The network does not enter: the math does not depend on it."""
+    them) and the strategy's lossy choices. The network does not enter for a synchronous mode: its math
+    does not depend on it. An asynchronous mode's (asp) does: its staleness follows the ranks' relative
+    speeds and the links, so its key also names where it was measured (``|on:<cluster spec>``, or
+    ``|on:loopback`` when it was trained on unshaped loopback ranks)."""
     hosts = f"x{ranks_per_host}" if strategy.sync.kind.needs_hosts else ""
-    return f"{workload_batch(workload, batch_size)}|w{world}{hosts}|{strategy.lossy_key()}"
+    where = f"|on:{cluster or LOOPBACK}" if strategy.sync.kind.asynchronous else ""
+    return f"{workload_batch(workload, batch_size)}|w{world}{hosts}|{strategy.lossy_key()}{where}"
 
 
 def reference_key(workload: str, batch_size: int, world: int, seed: int) -> str:
@@ -387,6 +396,10 @@ class EfficiencyMeter:
 
     One meter per (workload, batch, world, hosts). ``measure(strategy)`` returns the stored or
     newly measured row (a dict, see :func:`efficiency_row`) of the strategy's efficiency key.
+
+    An asynchronous mode (asp) is timing-dependent: once :meth:`on_cluster` has given the meter the
+    cluster's own ranks, it is trained there (its key and row name the cluster); without them it is
+    trained on loopback and its key and row say ``loopback``.
     """
 
     def __init__(self, store, workload, batch_size: int, world: int, ranks_per_host: int = 1,
@@ -403,6 +416,22 @@ class EfficiencyMeter:
         self.progress = progress
         self._references: list[Curve] | None = None
         self._also_rows: list[dict] | None = None
+        self._cluster_pool, self.cluster = None, None
+
+    def on_cluster(self, pool, cluster: str) -> None:
+        """Train timing-dependent (asynchronous) modes on ``pool``, the ranks of the cluster ``cluster`` (a spec),
+        from now on; the caller keeps owning the pool."""
+        self._cluster_pool, self.cluster = pool, cluster
+
+    def where(self, strategy: Strategy) -> str | None:
+        """Where ``strategy``'s efficiency is measured: the cluster's spec, ``loopback``, or None (anywhere:
+        a synchronous mode's efficiency does not depend on timing)."""
+        if not strategy.sync.kind.asynchronous:
+            return None
+        return self.cluster if self._cluster_pool is not None else LOOPBACK
+
+    def key(self, strategy: Strategy) -> str:
+        return key(self.name, self.batch, self.world, self.rph, strategy, self.where(strategy))
 
     def _spec(self, strategy: Strategy, seed: int) -> CurveSpec:
         return CurveSpec(self.workload, strategy.canonical(), self.batch, self.horizon, self.eval_every, seed,
@@ -444,10 +473,14 @@ class EfficiencyMeter:
     def _run(self, strategy: Strategy, seed: int, ekey: str, what: str) -> tuple[Curve | None, str, str]:
         from autosync.executor.launch import TrialFailure
 
+        where = self.where(strategy)
+        on_cluster = where not in (None, LOOPBACK)
         if self.progress:
-            self.progress(f"training {what} for {self.horizon} steps (efficiency, loopback)")
+            self.progress(f"training {what} for {self.horizon} steps (efficiency, "
+                          f"{'on the cluster ' + where if on_cluster else 'loopback'})")
         try:
-            return measure_curve(self.pool(), self._spec(strategy, seed), self.timeout_s), "ok", ""
+            pool = self._cluster_pool if on_cluster else self.pool()
+            return measure_curve(pool, self._spec(strategy, seed), self.timeout_s), "ok", ""
         except TrialFailure as f:
             return None, f.status, f.reason
 
@@ -473,11 +506,11 @@ class EfficiencyMeter:
 
     def stored(self, strategy: Strategy) -> dict | None:
         """The stored efficiency row of ``strategy``'s lossy choices, or None; nothing is run."""
-        return self._stored(key(self.name, self.batch, self.world, self.rph, strategy))
+        return self._stored(self.key(strategy))
 
     def measure(self, strategy: Strategy) -> dict:
         """The efficiency row of ``strategy`` (lossless: efficiency 1 by definition, nothing run)."""
-        ekey = key(self.name, self.batch, self.world, self.rph, strategy)
+        ekey = self.key(strategy)
         if strategy.is_lossless:
             return {"efficiency_key": ekey, "status": "ok", "efficiency": 1.0, "efficiency_lo": 1.0,
                     "efficiency_hi": 1.0, "band": 0.0, "within_noise": True, "final_loss_ratio": 1.0,

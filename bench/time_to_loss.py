@@ -66,6 +66,7 @@ def run_context(pool, cluster, spec, wl, args, shipped, base, cost_model, eff_mo
     row = {"workload": wl, "cluster": spec}
     with EfficiencyMeter(eff_store, wl, batch, cluster.world_size, cluster.ranks_per_node, also=[shipped],
                          progress=say) as meter:
+        meter.on_cluster(pool, cluster.spec())      # asp's efficiency is measured on the cluster itself
         goal = target(meter.references(), meter.horizon)
         row["target_loss"] = goal
         hand = baselines(profile)

@@ -72,3 +72,21 @@ def test_remove_deletes_only_the_given_rows(tmp_path):
     assert sorted(zip(df.context_id, df.strategy_hash)) == [("a", "0"), ("a", "2"), ("a", "4"), ("b", "1")]
     assert [p.name for p in tmp_path.glob("*.parquet")] == ["trials.parquet"]
     assert store.append([row("a", "1")]) == 1  # a removed row can be stored again
+
+
+def test_an_asp_trial_keys_its_efficiency_by_where_it_ran(tmp_path):
+    """asp's staleness depends on timing: its trial's efficiency key names its cluster (loopback if unshaped)."""
+    from autosync.strategy import Strategy
+
+    store = DatasetStore(tmp_path)
+    common = dict(workload="mlp", batch_size=64, world_size=2, ranks_per_node=1)
+    asp, bsp = Strategy.from_dict({"sync": "asp"}), Strategy.from_dict({"groups": [{"compressor": "fp16"}]})
+    store.append([row("mlp|b64|2x1@1gbit", asp.hash, cluster="2x1@1gbit", strategy=asp.to_json(), **common),
+                  row("mlp|b64|2x1@1gbit|unshaped|gloo|cpu", asp.hash, cluster="2x1@1gbit", strategy=asp.to_json(),
+                      **common),
+                  row("mlp|b64|2x1@1gbit", bsp.hash, cluster="2x1@1gbit", strategy=bsp.to_json(), **common)])
+    df = store.read(efficiency=False)
+    keys = dict(zip(df.context_id + df.strategy_hash, df.efficiency_key))
+    assert keys["mlp|b64|2x1@1gbit" + asp.hash].endswith("|on:2x1@1gbit")
+    assert keys["mlp|b64|2x1@1gbit|unshaped|gloo|cpu" + asp.hash].endswith("|on:loopback")
+    assert "|on:" not in keys["mlp|b64|2x1@1gbit" + bsp.hash]

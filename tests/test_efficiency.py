@@ -82,3 +82,15 @@ def test_meter_stores_measures_once_and_reads_it_back(tmp_path):
     with EfficiencyMeter(store, "mlp", 64, 2, 1, horizon=HORIZON, eval_every=EVERY) as meter:
         assert meter.measure(same_math)["efficiency_key"] == row["efficiency_key"]
         assert meter._pool is None, "a stored efficiency must not be measured again"
+    asp = Strategy.from_dict({"sync": "asp"})
+    assert key("mlp", 64, 2, 1, asp) == key("mlp", 64, 2, 1, asp, "loopback") != key("mlp", 64, 2, 1, asp, "2x1@1gbit")
+    spec = "2x1@1gbit;node1=cpu:0.5"
+    with EfficiencyMeter(store, "mlp", 64, 2, 1, horizon=HORIZON, eval_every=EVERY) as meter, \
+            RankPool(2, ranks_per_host=1) as cluster_ranks:
+        assert meter.where(asp) == "loopback" and meter.where(psgd) is None
+        meter.on_cluster(cluster_ranks, spec)       # asp's staleness follows the cluster's timing: trained there
+        row = meter.measure(asp)
+        assert row["status"] == "ok" and row["efficiency_key"].endswith(f"|on:{spec}")
+        assert meter._pool is None, "asp must train on the cluster's ranks, not on the meter's loopback ranks"
+        assert meter.stored(asp)["efficiency_key"] == row["efficiency_key"]
+        assert meter.measure(psgd)["efficiency_key"] == rows.efficiency_key[~(rows.lossy_key == "lossless")].iloc[0]

@@ -135,6 +135,11 @@ def _upgrade_v1(table: pa.Table) -> pa.Table:
     return table.append_column("efficiency_key", pa.array(keys, pa.string()))
 
 
+def _measured_on(row: dict) -> str | None:
+    """Where a trial's timing-dependent efficiency applies: its cluster, unless it ran unshaped (loopback)."""
+    return "loopback" if "|unshaped|" in str(row.get("context_id", "")) else row.get("cluster")
+
+
 class DatasetStore:
     def __init__(self, root: str | Path, create: bool = True):
         self.root = Path(root)
@@ -192,12 +197,13 @@ class DatasetStore:
             return 0
         for row in rows:
             needed = ("workload", "batch_size", "world_size", "ranks_per_node", "strategy")
-            if "efficiency_key" not in row and all(row.get(k) is not None for k in needed):
+            if row.get("efficiency_key") is None and all(row.get(k) is not None for k in needed):
                 from autosync.efficiency import key as efficiency_key
                 from autosync.strategy import loads_strategy
 
                 row["efficiency_key"] = efficiency_key(row["workload"], row["batch_size"], row["world_size"],
-                                                       row["ranks_per_node"], loads_strategy(row["strategy"]))
+                                                       row["ranks_per_node"], loads_strategy(row["strategy"]),
+                                                       _measured_on(row))
         with self._locked():
             return self._trials.append_locked(rows)
 
