@@ -241,6 +241,10 @@ class Strategy:
         sync = Sync.parse(raw.get("sync", "bsp"))
         if sharding == "zero" and not sync.kind.allows_zero:
             _fail("optimizer_sharding", f"zero cannot be combined with sync mode {sync.mode}")
+        for i, g in enumerate(groups):
+            if registry.plan(g.plan).immediate and not sync.kind.same_step:
+                _fail(f"groups[{i}].plan", f"{g.plan} needs the activations of the step it synchronizes, so it "
+                                           f"cannot run under sync mode {sync.mode}")
         return cls(groups, sync, Fusion.parse(raw.get("fusion")), sharding)
 
     # --- forms ---------------------------------------------------------------------------

@@ -26,6 +26,8 @@ LOSSLESS = {
         {"match": "net.2.*", "plan": "ps", "placement": [1]},
         {"match": "net.4.*", "plan": "hierarchical_allreduce"},
         {"match": "*", "plan": "allreduce"}]), {}),
+    "sfb": (canon(fusion={"bucket_cap_mb": 2}, groups=[{"match": "net.2.*", "plan": "allreduce"},
+                                                      {"match": "*", "plan": "sfb"}]), {}),
 }
 
 

@@ -62,7 +62,7 @@ class AllGatherSum(PlanDef):
         dist.all_gather(parts, t, group=comm.pg)
         t.copy_(torch.stack(parts).sum(0))
 
-    def cost(self, sim, nbytes, shapes, touched, owners, elem_size):
+    def cost(self, sim, nbytes, shapes, touched, owners, elem_size, rows=()):
         return sim.t("all_gather", nbytes * sim.world)
 
 

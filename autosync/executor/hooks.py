@@ -112,6 +112,10 @@ class SyncState:
                 self._subgroups.append(self.leader_group)
 
         self.compressor_states = [c.make_state(self, g) for c, g in zip(self.compressors, strategy.groups)]
+        members: list[list[torch.Tensor]] = [[] for _ in strategy.groups]
+        for (_, p), gi in zip(named, group_of):
+            members[gi].append(p)
+        self.plan_states = [plan.make_state(self, model, ps) for plan, ps in zip(self.plans, members)]
         self._segments_cache: dict[tuple[int, ...], list[Segment]] = {}
         self._worker = None if self.fast_path else ThreadPoolExecutor(1, thread_name_prefix="autosync-sync")
         self.closers: list = []                  # called first by close() (asp's parameter server)
@@ -172,6 +176,8 @@ class SyncState:
                 self.iteration += 1
                 for c, state in zip(self.compressors, self.compressor_states):
                     c.end_step(state)
+                for plan, state in zip(self.plans, self.plan_states):
+                    plan.end_step(state)
         return buffer
 
     def error_norm(self) -> float:
@@ -259,6 +265,8 @@ class SyncState:
         self.drain()
         if self._worker is not None:
             self._worker.shutdown(wait=True)
+        for plan, state in zip(self.plans, self.plan_states):
+            plan.close_state(state)
         for grp in self._subgroups:
             try:
                 dist.destroy_process_group(grp)

@@ -79,15 +79,17 @@ class SimContext:
     def alpha(self, op: str) -> float:
         return self.net.fits["world"][op].alpha_s
 
-    def segment(self, g: Group, owners, shapes: list, touched: list[float]) -> tuple[float, float]:
+    def segment(self, g: Group, owners, shapes: list, touched: list[float], rows=()) -> tuple[float, float]:
         """(seconds, bytes sent) of one segment: its compressor's cost around its plan's."""
         plan = registry.plan(g.plan)
 
         def plan_cost(nbytes: float, elem_size: int) -> float:
-            return 0.0 if self.world == 1 else plan.cost(self, nbytes, shapes, touched, owners, elem_size)
+            return 0.0 if self.world == 1 else plan.cost(self, nbytes, shapes, touched, owners, elem_size, rows)
 
         n = sum(math.prod(s) for s in shapes) * 4
-        return registry.compressor(g.compressor.name).cost(self, g.compressor, n, shapes, plan_cost)
+        seconds, sent = registry.compressor(g.compressor.name).cost(self, g.compressor, n, shapes, plan_cost)
+        traffic = plan.traffic(n, shapes, rows, 4, self.world)
+        return seconds, sent if traffic is None else traffic
 
 
 def min_speed(profile: Profile) -> float:
@@ -154,7 +156,8 @@ def simulate(profile: Profile, strategy: Strategy) -> SimResult:
                 if run and (i < 0 or group_of[i] != group_of[run[-1]]):
                     g = strategy.groups[group_of[run[-1]]]
                     seconds, sent = costs.segment(g, owners[group_of[run[-1]]], [params[j].shape for j in run],
-                                                  [params[j].touched_rows for j in run])
+                                                  [params[j].touched_rows for j in run],
+                                                  [params[j].factor_rows for j in run])
                     t += seconds
                     key = g.plan if registry.compressor(g.compressor.name).identity else f"{g.plan}+{g.compressor.name}"
                     bytes_per_plan[key] = bytes_per_plan.get(key, 0.0) + sent

@@ -7,14 +7,14 @@ columns; append, never insert, or seeded random draws of ``collect`` change.
 
     >>> from autosync import plans
     >>> list(plans.PLANS)
-    ['allreduce', 'ps', 'sharded_ps', 'hierarchical_allreduce', 'row_sparse']
+    ['allreduce', 'ps', 'sharded_ps', 'hierarchical_allreduce', 'row_sparse', 'sfb']
     >>> plans.compressor("powersgd").lossy
     True
 """
 from __future__ import annotations
 
 from autosync.plans import (adaptive, allreduce, asp, bsp, hierarchical_allreduce, local_sgd, lowp, none, powersgd, ps,
-                            row_sparse, sharded_ps, ssp, topk)
+                            row_sparse, sfb, sharded_ps, ssp, topk)
 from autosync.plans.base import CompressorDef, PlanDef, SyncModeDef
 
 PLANS: dict[str, PlanDef] = {p.name: p for p in (
@@ -23,6 +23,7 @@ PLANS: dict[str, PlanDef] = {p.name: p for p in (
     sharded_ps.PLAN,
     hierarchical_allreduce.PLAN,
     row_sparse.PLAN,
+    sfb.PLAN,
 )}
 COMPRESSORS: dict[str, CompressorDef] = {c.name: c for c in (
     none.COMPRESSOR,

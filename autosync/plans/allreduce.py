@@ -17,7 +17,7 @@ class AllReduce(PlanDef):
 
         dist.all_reduce(t, group=comm.pg)
 
-    def cost(self, sim, nbytes, shapes, touched, owners, elem_size) -> float:
+    def cost(self, sim, nbytes, shapes, touched, owners, elem_size, rows=()) -> float:
         return sim.t("all_reduce", nbytes)
 
 

@@ -47,6 +47,8 @@ class PlanDef(Entry):
     needs_hosts: ClassVar[bool] = False       # needs intra-host and host-leader process groups
     embeddings_only: ClassVar[bool] = False   # only for embedding tables
     fast_path: ClassVar[bool] = False         # DDP's own async all-reduce can run it (no worker thread)
+    compressible: ClassVar[bool] = True       # a compressor may change what it sends (sfb sends factors: no)
+    immediate: ClassVar[bool] = False         # needs this step's own activations (not under ssp or asp)
 
     # --- schema ------------------------------------------------------------------------------
     def owner_count(self, partitions: int) -> int:
@@ -66,15 +68,35 @@ class PlanDef(Entry):
         """The plan's own group fields, asked of an Optuna trial (parameter names start with ``prefix``)."""
         return {}
 
+    def offered(self, params) -> bool:
+        """Whether the search space offers the plan at all for a model (``params``: its profile's ParamInfo)."""
+        return True
+
+    # --- per-rank state (built by the hook's SyncState on every rank) -------------------------------
+    def make_state(self, comm, model, params) -> Any:
+        """State of one group on one rank (``params``: the group's parameters), e.g. module hooks."""
+        return None
+
+    def end_step(self, state) -> None:
+        """Called once per backward that went through the hook, after the last bucket."""
+
+    def close_state(self, state) -> None:
+        """Undo :meth:`make_state` (remove hooks)."""
+
     # --- hook, simulator, features ----------------------------------------------------------------
     def run(self, comm, t, seg, owners: tuple[int, ...]) -> None:
         """Sum ``t`` over all ranks, in place (on every rank)."""
         raise NotImplementedError
 
     def cost(self, sim, nbytes: float, shapes: list, touched: list[float], owners: tuple[int, ...],
-             elem_size: int) -> float:
-        """Seconds to sum ``nbytes`` of this segment (``shapes``: its tensors; ``touched``: rows used)."""
+             elem_size: int, rows=()) -> float:
+        """Seconds to sum ``nbytes`` of this segment (``shapes``: its tensors; ``touched``: fraction of rows
+        used, per tensor; ``rows``: factor rows per step, per tensor, 0 where it has none -- sfb)."""
         raise NotImplementedError
+
+    def traffic(self, nbytes: float, shapes: list, rows, elem_size: int, world: int) -> float | None:
+        """Bytes one rank sends for the segment when that is not its gradient's size (None: it is)."""
+        return None
 
     def group_features(self, partitions: int, share: float) -> dict[str, float]:
         """Feature contributions of one group holding ``share`` of the model's bytes."""
@@ -92,6 +114,10 @@ class CompressorDef(Entry):
     bucket_dependent: ClassVar[bool] = False
 
     def works_with(self, plan: str) -> bool:
+        from autosync import plans as registry
+
+        if not (self.identity or registry.plan(plan).compressible):
+            return False
         return self.plans is None or plan in self.plans
 
     def parse_field(self, field: str, value: Any, path: str) -> Any:
@@ -135,6 +161,8 @@ class SyncModeDef(Entry):
     #: ranks do not wait for each other (asp): each runs at its own pace, throughput is the sum of the ranks'
     #: rates, and statistical efficiency depends on timing (measured on the cluster, in time-based windows)
     asynchronous: ClassVar[bool] = False
+    #: a step's gradients are synchronized within that step (not ssp's later steps, not asp's server loop)
+    same_step: ClassVar[bool] = True
 
     def parse(self, raw, path: str) -> dict[str, int | float]:
         out = {}

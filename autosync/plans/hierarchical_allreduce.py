@@ -29,7 +29,7 @@ class HierarchicalAllReduce(PlanDef):
             dist.all_reduce(t, group=comm.leader_group)
         dist.broadcast(t, src=leader, group=comm.intra_group)
 
-    def cost(self, sim, nbytes, shapes, touched, owners, elem_size) -> float:
+    def cost(self, sim, nbytes, shapes, touched, owners, elem_size, rows=()) -> float:
         if sim.nodes == 1 or sim.ranks_per_node == 1:
             return sim.t("all_reduce", nbytes)
         return (sim.t("reduce", nbytes, "intra") + sim.t("all_reduce", nbytes, "inter")

@@ -24,7 +24,7 @@ class ParameterServer(PlanDef):
         dist.reduce(t, dst=owner, group=comm.pg)
         dist.broadcast(t, src=owner, group=comm.pg)
 
-    def cost(self, sim, nbytes, shapes, touched, owners, elem_size) -> float:
+    def cost(self, sim, nbytes, shapes, touched, owners, elem_size, rows=()) -> float:
         return sim.t("reduce", nbytes) + sim.t("broadcast", nbytes)
 
 

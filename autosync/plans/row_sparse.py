@@ -42,7 +42,7 @@ class RowSparse(PlanDef):
             all_gather(all_val, send_val, group=comm.pg)
             rows.zero_().index_add_(0, all_idx, all_val)
 
-    def cost(self, sim, nbytes, shapes, touched, owners, elem_size) -> float:
+    def cost(self, sim, nbytes, shapes, touched, owners, elem_size, rows=()) -> float:
         total = 0.0
         for shape, frac in zip(shapes, touched):
             if len(shape) != 2:

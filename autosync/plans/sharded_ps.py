@@ -52,7 +52,7 @@ class ShardedParameterServer(PlanDef):
         for work in [dist.broadcast(s, src=o, group=comm.pg, async_op=True) for s, o in shards]:
             work.wait()
 
-    def cost(self, sim, nbytes, shapes, touched, owners, elem_size) -> float:
+    def cost(self, sim, nbytes, shapes, touched, owners, elem_size, rows=()) -> float:
         if owners == tuple(range(sim.world)):
             return sim.t("reduce_scatter", nbytes) + sim.t("all_gather", nbytes)
         share = max(owners.count(r) for r in set(owners)) / len(owners)

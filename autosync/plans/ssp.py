@@ -30,6 +30,7 @@ STALENESS = (1, 2, 4)
 
 class StaleSynchronous(SyncModeDef):
     name = "ssp"
+    same_step = False
     lossy = True
     allows_zero = False
     fields = {"staleness": (1, 1, 64)}

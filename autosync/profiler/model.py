@@ -13,6 +13,7 @@ its buckets after the first iteration (first bucket capped at 1 MiB).
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,6 +39,7 @@ class ParamInfo:
     is_embedding: bool
     touched_rows: float      # fraction of rows with a non-zero gradient per batch (1.0 for dense)
     ready_s: float           # gradient ready, seconds after backward started
+    factor_rows: float = 0.0  # rows of the factors per step whose product is its gradient (plan sfb); 0: none
 
     @property
     def nbytes(self) -> int:
@@ -124,6 +126,10 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
         return hook
 
     handles = [p.register_post_accumulate_grad_hook(hook_for(n)) for n, p in named]
+    from autosync.plans.sfb import Factors, _matches, outer_sum
+
+    factors = Factors(model, {id(p) for _, p in named})
+    factor_rows: dict[str, list[float]] = {n: [] for n, p in named if id(p) in factors.names}
     fwd, bwd, opt = [], [], []
     reset_peak_rss()
     try:
@@ -142,6 +148,11 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
             for n, p in named:
                 if n in embeddings and p.grad is not None:
                     touched[n].append((p.grad.abs().sum(1) != 0).float().mean().item())
+                if n in factor_rows:     # sfb: rows of its factors, if their product is its gradient
+                    got = factors.take(id(p))
+                    exact = got is not None and p.grad is not None and _matches(
+                        outer_sum(got[1], got[0], factors.transposed[id(p)]), p.grad)
+                    factor_rows[n].append(float(got[0].shape[0]) if exact else float("nan"))
             t3 = now(device)
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
@@ -158,6 +169,7 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
     finally:
         for h in handles:
             h.remove()
+        factors.close()
     peak = peak_rss_mb()
     if device.startswith("cuda"):   # what bounds a GPU job is its device memory
         peak = torch.cuda.max_memory_allocated(torch.device(device)) / 2 ** 20
@@ -176,7 +188,15 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
             name=n, shape=tuple(p.shape), numel=p.numel(), dtype=str(p.dtype).removeprefix("torch."),
             module_type=owner.get(n, ""), is_embedding=n in embeddings,
             touched_rows=statistics.fmean(touched[n]) if touched.get(n) else 1.0,
-            ready_s=statistics.median(times) if times else statistics.median(bwd)))
+            ready_s=statistics.median(times) if times else statistics.median(bwd),
+            factor_rows=_rows(factor_rows.get(n))))
     infos.sort(key=lambda info: info.ready_s)
     return ModelProfile(str(workload), batch_size, infos, statistics.median(fwd), statistics.median(bwd),
                         statistics.median(opt), float(counter.get_total_flops()), peak, torch.get_num_threads())
+
+
+def _rows(seen: list[float] | None) -> float:
+    """A weight's factor rows per step: their mean when every step's factors gave its gradient, else 0."""
+    if not seen or any(math.isnan(r) for r in seen):
+        return 0.0
+    return statistics.fmean(seen)

@@ -20,9 +20,13 @@ Each is built from a Profile (parameter names, sizes, embeddings, world size):
 - ``asp``: an asynchronous parameter server on rank 0 (Downpour-style; a straggler slows only itself).
 - ``adaptive_local_sgd``: local SGD that averages when the sampled divergence of the ranks'
   models exceeds 0.005, at least every 8 steps (PSP / Sync-on-the-fly style), after 2 warm-up steps.
+- ``poseidon``: sufficient-factor broadcasting for the fully connected weights where Poseidon's rule
+  says it moves less (:func:`autosync.plans.sfb.poseidon_rule`, from the profile's factor rows),
+  all-reduce elsewhere (Zhang et al., Poseidon, USENIX ATC 2017). Left out when no weight qualifies.
 """
 from __future__ import annotations
 
+from autosync.plans.sfb import poseidon_rule
 from autosync.profiler import Profile
 from autosync.strategy import Strategy
 
@@ -41,6 +45,7 @@ def baselines(profile: Profile) -> dict[str, Strategy]:
     embeddings = [p.name for p in params if p.is_embedding]
     large = [p.name for p in params if p.nbytes >= LARGE_TENSOR_BYTES]
     small = [n for n in names if n not in large]
+    factored = [p.name for p in params if poseidon_rule(p.shape, p.factor_rows, world)]
     raw: dict[str, dict] = {
         "ddp_default": {},
         "horovod_fp16": {"groups": [{"match": "*", "compressor": "fp16"}]},
@@ -56,6 +61,7 @@ def baselines(profile: Profile) -> dict[str, Strategy]:
         "ssp_1": {"sync": {"mode": "ssp", "staleness": 1}},
         "asp": {"sync": "asp"},
         "adaptive_local_sgd": {"sync": {"mode": "adaptive", "max_period": 8, "threshold": 0.005, "warmup_steps": 2}},
+        "poseidon": {"groups": [{"match": factored, "plan": "sfb"}, {"match": "*"}]} if factored else {},
     }
     out: dict[str, Strategy] = {}
     seen: set[str] = set()

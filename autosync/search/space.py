@@ -53,7 +53,7 @@ def suggest(trial: optuna.trial.BaseTrial, profile: Profile, lossless: bool = Fa
     groups = []
     for gi, (names, is_emb) in enumerate(groups_names):
         choices = [p.name for p in registry.PLANS.values()
-                   if p.applicable(cluster.nodes, cluster.ranks_per_node, is_emb)]
+                   if p.applicable(cluster.nodes, cluster.ranks_per_node, is_emb) and p.offered(params)]
         plan = trial.suggest_categorical(f"g{gi}_plan{'_emb' if is_emb else ''}", choices)
         group: dict = {"match": names, "plan": plan, **registry.plan(plan).suggest(trial, f"g{gi}", world)}
         comps = [c.name for c in registry.COMPRESSORS.values() if c.works_with(plan) and not (lossless and c.lossy)]
@@ -65,7 +65,11 @@ def suggest(trial: optuna.trial.BaseTrial, profile: Profile, lossless: bool = Fa
 
     raw: dict = {"groups": groups, "fusion": {"bucket_cap_mb": trial.suggest_categorical("bucket_cap_mb", BUCKET_CAPS_MB)}}
     modes = [m.name for m in registry.SYNC_MODES.values() if not (lossless and m.lossy)]
-    mode = modes[0] if len(modes) == 1 else trial.suggest_categorical("sync_mode", modes)
+    immediate = any(registry.plan(g["plan"]).immediate for g in groups)
+    if immediate:   # sfb needs each step's own activations: no delayed or asynchronous mode (own parameter name)
+        modes = [m for m in modes if registry.sync_mode(m).same_step]
+    mode = modes[0] if len(modes) == 1 else trial.suggest_categorical(
+        "sync_mode_immediate" if immediate else "sync_mode", modes)
     kind = registry.sync_mode(mode)
     fields = kind.suggest(trial)
     if fields:
