@@ -224,3 +224,30 @@ def test_the_faithful_range_is_probed_once_cached_and_a_run_beyond_it_says_so(tm
     assert out.returncode == 0, out.stderr
     assert "beyond what this machine emulates faithfully" in out.stderr and "100 Gbit/s links" in out.stderr
     assert "BEYOND this machine's faithful range" in json.loads(out.stdout)["measured_on"]
+
+
+def test_sfb_crossover_follows_poseidons_rule_measured_and_simulated():
+    """A 1024 x 1024 layer on 2 ranks breaks even at K = 512 rows by Poseidon's rule: sfb must measure faster
+    than DDP's all-reduce at half of that and slower at twice it (so the measured crossover is within a factor
+    2 of the rule's), and the simulator must rank them the same way at both."""
+    from autosync.models.simulator import simulate
+    from autosync.plans.sfb import poseidon_rule
+    from autosync.profiler.profile import nominal_profile
+
+    wide = "tests/fixtures/sfb_model.py:wide"
+    sfb = Strategy.from_dict({"groups": [{"plan": "sfb"}]})
+    cluster = parse_cluster("2x1@100mbit")
+    assert poseidon_rule((1024, 1024), 256, 2) and not poseidon_rule((1024, 1024), 1024, 2)
+    step = {}
+    with EmulatedCluster(cluster) as emu, emu.pool() as pool:
+        for rows in (256, 1024):
+            for name, s in (("ddp", DEFAULT), ("sfb", sfb.canonical())):
+                result, _ = measure(pool, TrialSpec(wide, s, rows, warmup_steps=1, steps=3), timeout=180)
+                assert result.ok, result.reason
+                step[rows, name] = result.step_s
+    assert step[256, "sfb"] < step[256, "ddp"] and step[1024, "sfb"] > step[1024, "ddp"], step
+    for rows in (256, 1024):
+        profile = nominal_profile(cluster, wide, rows)
+        assert {p.name: p.factor_rows for p in profile.model.params}["fc.weight"] == rows
+        sim_sfb, sim_ddp = simulate(profile, sfb).step_s, simulate(profile, Strategy.default()).step_s
+        assert (sim_sfb < sim_ddp) == (rows == 256), (rows, sim_sfb, sim_ddp, step)
