@@ -36,6 +36,7 @@ from autosync.models.train import SHIPPED_DATA
 from autosync.profiler import Profile
 from autosync.search.baselines import baselines
 from autosync.search.collect import context_profile
+from autosync.executor.launch import TrialFailure
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
@@ -48,7 +49,13 @@ def time_to_target(pool, workload, batch, strategy, goal, meter, max_train_s=Non
     spec = CurveSpec(workload, strategy.canonical(), batch, 2 * meter.horizon, meter.eval_every, 0, meter.lr,
                      meter.optimizer, signals=False, stop_at=goal, max_train_s=max_train_s)
     timeout = 600.0 + 3 * (max_train_s or 600.0)
-    curve = measure_curve(pool, spec, timeout)
+    try:
+        curve = measure_curve(pool, spec, timeout)
+    except TrialFailure as f:     # recorded as failed, with its reason; the benchmark goes on
+        pool.start()              # fresh ranks: a failed collective leaves the old ones' process group unusable
+        return {"time_s": None, "failed": f"{f.status}: {f.reason}"[:300], "reached": float("nan"), "steps": 0,
+                "s_per_step": float("nan"), "trained_s": 0.0, "lossy": not strategy.is_lossless,
+                "hash": strategy.hash}
     t = curve.time_to(goal)
     steps = curve.steps[-1]
     return {"time_s": t, "reached": min(smooth(curve.eval_loss)), "steps": steps,
@@ -98,6 +105,8 @@ def run_context(pool, cluster, spec, wl, args, shipped, base, cost_model, eff_mo
 
 
 def fmt_time(r):
+    if r.get("failed"):
+        return f"FAILED ({r['failed'][:80]})"
     return f"{r['time_s']:.1f}" if r["time_s"] is not None else f"never (> {r['trained_s']:.0f}; {r['reached']:.3f})"
 
 

@@ -25,7 +25,8 @@ def test_a_torchrun_job_across_emulated_hosts_tunes_in_job_and_stores_a_killed_t
     workload = f"{FAULTS}:faults_in_turn"
     # rank 0's builds: the CLI's check, the profile, the DDP default's trial, then the second trial: killed there
     env = {**os.environ, "AUTOSYNC_TEST_FAULTS": str(tmp_path / "faults"), "AUTOSYNC_TEST_FAULT_RANK": "0",
-           "AUTOSYNC_TEST_FAULT_ORDER": "none,none,none,kill", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+           "AUTOSYNC_TEST_FAULT_ORDER": "none,none,none,kill", "TORCH_CPP_LOG_LEVEL": "ERROR",
+           "TMPDIR": str(tmp_path)}   # torchrun's agent leaves a torchelastic_* log dir in $TMPDIR
     argv = ["-m", "autosync.cli", "tune", "--in-job", "--model", workload, "--cluster", "2x1@1gbit", "--measure", "3",
             "--objective", "throughput", "--confirm-rounds", "0", "--storage", f"sqlite:///{tmp_path}/t.db",
             "--data", "d", "--out", "s.yaml", "--timeout", "30"]
@@ -80,7 +81,8 @@ def test_in_job_outside_a_job_and_a_cluster_of_another_shape_are_one_line_each(t
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "start it with torchrun" in out.stderr, out.stderr
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "autosync.cli",
                           "profile", "--in-job", "--workload", "mlp", "--cluster", "2x1@1gbit"],
-                         cwd=tmp_path, env={**env, "TORCH_CPP_LOG_LEVEL": "ERROR"}, capture_output=True, text=True,
+                         cwd=tmp_path, env={**env, "TORCH_CPP_LOG_LEVEL": "ERROR", "TMPDIR": str(tmp_path)},
+                         capture_output=True, text=True,
                          timeout=120)
     assert out.returncode != 0
     assert "this job has 1 host(s) x 2 rank(s)" in out.stderr, out.stderr[-2000:]

@@ -119,7 +119,8 @@ def test_a_tuned_strategy_runs_with_autosync_run_and_the_example_script(tmp_path
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                 str(free_port()), str(repo / "examples" / "train_with_strategy.py"), "--strategy",
                 str(tmp_path / "s.yaml"), "--workload", "resnet-tiny", "--steps", "6"]
-    example = subprocess.run(torchrun, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    example = subprocess.run(torchrun, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                             env={**os.environ, "TMPDIR": str(tmp_path)})   # torchrun leaves torchelastic_* there
     assert example.returncode == 0, example.stderr[-2000:]
     assert "trained 6 steps on 2 ranks" in example.stdout
 
