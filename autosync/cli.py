@@ -650,7 +650,7 @@ def _cmd_bench(args) -> int:
     folder = _bench_dir()
     if not folder.is_dir():
         raise UserError("the benchmarks live in bench/ of a source checkout, which this installation does not have")
-    scripts = {p.stem: p for p in sorted(folder.glob("*.py"))}
+    scripts = {p.stem: p for p in sorted(folder.glob("*.py")) if not p.name.startswith("_")}  # _*.py: helpers
     if args.list or not args.name:
         for name, path in scripts.items():
             doc = ast.get_docstring(ast.parse(path.read_text())) or ""

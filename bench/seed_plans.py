@@ -29,7 +29,7 @@ from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.strategy import Strategy
 
 HERE = Path(__file__).parent
-WORKLOADS = ["mlp", f"{HERE / 'sfb_workloads.py'}:wide", f"{HERE / 'sfb_workloads.py'}:autoencoder",
+WORKLOADS = ["mlp", f"{HERE / '_sfb_workloads.py'}:wide", f"{HERE / '_sfb_workloads.py'}:autoencoder",
              "gpt2-tiny", "vit-tiny"]
 BATCH = {"wide": 64, "autoencoder": 64}
 

@@ -1,4 +1,4 @@
-"""Two user-style workloads with wide fully connected layers (``bench/sfb_workloads.py:wide`` ...), where
+"""Two user-style workloads with wide fully connected layers (``bench/_sfb_workloads.py:wide`` ...), where
 Poseidon's rule says sufficient-factor broadcasting should win at small batches (bench/seed_plans.py)."""
 import torch
 import torch.nn.functional as F
