@@ -2,7 +2,7 @@
 
 Per (workload, cluster), on one emulated cluster: the DDP default, ``poseidon`` (sfb where Poseidon's rule
 says so, from the profile's factor rows; all-reduce elsewhere), ``sfb all`` (every fully connected weight by
-sfb) and every other lossless hand-crafted baseline, measured in interleaved rounds (median step time per
+sfb) and the other lossless hand-crafted baselines of ``--others``, measured in interleaved rounds (median step time per
 arm). sfb is lossless: its training trajectory is DDP's to float rounding (tests/test_sfb.py), so its time
 to any target loss is its step time times the same number of steps, and the time-to-target ratio over the
 default equals the step-time ratio printed here. The rule's verdict is the share of the model's bytes in
@@ -50,7 +50,7 @@ def measure_one(pool, cluster, spec, wl, args):
         arms["poseidon"] = hand["poseidon"]
     if any(p.factor_rows > 0 for p in params):
         arms["sfb all"] = Strategy.from_dict({"groups": [{"plan": "sfb"}]})
-    others = {n: s for n, s in hand.items() if s.is_lossless and n not in ("ddp_default", "poseidon")}
+    others = {n: s for n, s in hand.items() if n in args.others}
     arms.update(others)
     settings = TrialSettings(warmup_steps=2, max_steps=args.steps, timeout_s=300)
     times: dict[str, list[float]] = {a: [] for a in arms}
@@ -101,6 +101,8 @@ def main() -> None:
     ap.add_argument("--clusters", nargs="+", default=["2x1@1gbit"])
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every arm (median)")
     ap.add_argument("--steps", type=int, default=6, help="timed steps per trial")
+    ap.add_argument("--others", nargs="+", default=["ps_load_balancing", "partitioned_ps", "hierarchical"],
+                    help="the other lossless baselines measured (the best of them is 'best other')")
     ap.add_argument("--work", default="/tmp/autosync-seed-plans", help="resumable work directory")
     ap.add_argument("--out", default=str(RESULTS / "seed_plans.md"))
     ap.add_argument("--report-only", action="store_true", help="write the table from the finished contexts")
