@@ -137,7 +137,9 @@ def _upgrade_v1(table: pa.Table) -> pa.Table:
 
 def _measured_on(row: dict) -> str | None:
     """Where a trial's timing-dependent efficiency applies: its cluster, unless it ran unshaped (loopback)."""
-    return "loopback" if "|unshaped|" in str(row.get("context_id", "")) else row.get("cluster")
+    from autosync.efficiency import LOOPBACK
+
+    return LOOPBACK if "|unshaped|" in str(row.get("context_id", "")) else row.get("cluster")
 
 
 class DatasetStore:

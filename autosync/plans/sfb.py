@@ -250,9 +250,9 @@ def _matches(recon, grad) -> bool:
     """Whether ``recon`` (the factors' product) equals the local gradient ``grad`` to float rounding."""
     import torch
 
-    grad = grad.reshape(recon.shape) if recon.numel() == grad.numel() else grad
     if recon.numel() != grad.numel():
         return False
+    grad = grad.reshape(recon.shape)
     scale = float(grad.abs().max()) if grad.numel() else 0.0
     return bool(torch.allclose(recon, grad, rtol=1e-4, atol=1e-5 * scale + 1e-12))
 
