@@ -204,7 +204,8 @@ def _cmd_cluster_check(args) -> int:
 
     from autosync.api import emulated
     from autosync.executor.emulate import can_emulate
-    from autosync.executor.linkcheck import check_compute, check_links
+    from autosync.executor.linkcheck import check_compute, check_links, check_paths
+    from autosync.plans.selective import frontier
 
     ok, why = can_emulate()
     if not ok:
@@ -214,10 +215,11 @@ def _cmd_cluster_check(args) -> int:
     with emulated(args.spec) as cluster:
         with cluster.pool(threads_per_rank=1) as pool:
             rows = check_links(pool, args.spec, seconds=args.seconds)
+            paths = check_paths(pool, args.spec, seconds=args.seconds / 2) if args.spec.nodes >= 3 else None
         with cluster.pool() as pool:
             speeds = check_compute(pool, args.spec, cluster.limits, seconds=args.compute_seconds)
     if args.json:
-        print(json.dumps({"links": [dataclasses.asdict(r) for r in rows],
+        print(json.dumps({"links": [dataclasses.asdict(r) for r in rows], "paths_bps": paths,
                           "compute": [dataclasses.asdict(r) for r in speeds]}))
         return 0
     table = Table(title=f"cluster {args.spec}: host links (each to its peer host)")
@@ -228,6 +230,19 @@ def _cmd_cluster_check(args) -> int:
                       f"{r.measured_bps / 1e6:,.1f} Mbit/s", f"{r.measured_bps / r.configured_bps:.2f}",
                       f"{r.configured_latency_s * 1e3:.3f} ms", f"{r.measured_latency_s * 1e3:.3f} ms")
     _console().print(table)
+    if paths:
+        n = args.spec.nodes
+        table = Table(title="host-to-host paths, measured Mbit/s (what selective receivers choose islands by)")
+        table.add_column("")
+        for b in range(n):
+            table.add_column(f"node{b}", justify="right")
+        for a in range(n):
+            table.add_row(f"node{a}", *("-" if a == b else f"{paths[a][b] / 1e6:,.0f}" for b in range(n)))
+        _console().print(table)
+        islands = frontier(paths, 1.0)
+        print("islands for sync mode selective (fastest first): "
+              + (", ".join(f"{p['text']} (reach {p['reach']:.0%})" for p in islands) if islands
+                 else "none (the paths are even: bsp or local SGD)"))
     st = args.spec.stragglers
     table = Table(title="compute speed per host (1 = a full share of this machine)"
                   + (f"; stragglers {st.slowdown:g}x for {st.fraction:.0%} of the time" if st else ""))

@@ -43,8 +43,16 @@ SHARDING = ("none", "zero")
 
 
 def _who_takes(kind: str, field_name: str, table: dict) -> str:
+    """``only mode local_sgd takes`` / ``only modes local_sgd and selective take``."""
     names = [n for n, d in table.items() if field_name in d.fields]
-    return f"only {kind}{'s' if len(names) > 1 else ''} {' and '.join(names)}"
+    plural = len(names) > 1
+    if kind == "the":
+        return f"only the {' and '.join(names)} {table_kind(table)}{'s' if plural else ''} take{'' if plural else 's'}"
+    return f"only {kind}{'s' if plural else ''} {' and '.join(names)} take{'' if plural else 's'}"
+
+
+def table_kind(table: dict) -> str:
+    return "compressor" if table is registry.COMPRESSORS else "plan" if table is registry.PLANS else "mode"
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ class Compressor:
             if f in kind.fields:
                 values[f] = kind.parse_field(f, raw.get(f, kind.fields[f]), f"{path}.{f}")
             elif f in raw:
-                _fail(f"{path}.{f}", f"{_who_takes('the', f, registry.COMPRESSORS)} compressor takes a {f}")
+                _fail(f"{path}.{f}", f"{_who_takes('the', f, registry.COMPRESSORS)} a {f}")
         return cls(name, **values)
 
     def to_dict(self) -> dict:
@@ -111,11 +119,11 @@ class Group:
             _fail(f"{path}.compressor.name", f"{comp.name} works only with plan {' or '.join(allowed)}, not {plan}")
         partitions = _int(f"{path}.partitions", raw.get("partitions", 1), 1, 4096)
         if partitions > 1 and "partitions" not in kind.fields:
-            _fail(f"{path}.partitions", f"{_who_takes('plan', 'partitions', registry.PLANS)} takes partitions")
+            _fail(f"{path}.partitions", f"{_who_takes('plan', 'partitions', registry.PLANS)} partitions")
         placement = raw.get("placement")
         if placement is not None:
             if "placement" not in kind.fields:
-                _fail(f"{path}.placement", f"{_who_takes('plan', 'placement', registry.PLANS)} take a placement")
+                _fail(f"{path}.placement", f"{_who_takes('plan', 'placement', registry.PLANS)} a placement")
             if not isinstance(placement, (list, tuple)):
                 _fail(f"{path}.placement", f"expected a list of ranks, got {placement!r}")
             placement = tuple(_int(f"{path}.placement[{i}]", r, 0) for i, r in enumerate(placement))
@@ -162,6 +170,7 @@ class Sync:
     staleness: int = 0          # ssp
     max_period: int = 0         # adaptive
     threshold: float = 0.0      # adaptive
+    islands: tuple[tuple[int, ...], ...] = ()   # selective: host groups
 
     @classmethod
     def parse(cls, raw: Any, path: str = "sync") -> "Sync":
@@ -173,7 +182,7 @@ class Sync:
         kind = registry.sync_mode(mode)
         for k in fields:
             if k in raw and k not in kind.fields:
-                _fail(f"{path}.{k}", f"{_who_takes('mode', k, registry.SYNC_MODES)} takes it")
+                _fail(f"{path}.{k}", f"{_who_takes('mode', k, registry.SYNC_MODES)} it")
         return cls(mode, **kind.parse(raw, path))
 
     @property
@@ -182,7 +191,10 @@ class Sync:
         return registry.sync_mode(self.mode)
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, **{k: getattr(self, k) for k in self.kind.fields}}
+        def plain(value):
+            return [plain(x) for x in value] if isinstance(value, tuple) else value
+
+        return {"mode": self.mode, **{k: plain(getattr(self, k)) for k in self.kind.fields}}
 
 
 @dataclass(frozen=True)

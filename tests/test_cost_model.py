@@ -101,3 +101,41 @@ def test_the_simulator_pays_the_slowest_host_and_relaxed_modes_absorb_stragglers
     assert 1 < pays["ssp"] < pays["bsp"] and 1 < pays["local"] < pays["bsp"], pays
     f = featurize(strag, bsp)
     assert (f["min_speed"], f["straggler_load"]) == (1.0, 0.75) and featurize(half, bsp)["min_speed"] == 0.5
+
+
+def test_selective_islands_come_from_the_paths_and_enter_space_baselines_simulator_and_features():
+    """On 3x1@1gbit;node2=20mbit the only island choice between bsp and local SGD is hosts {0, 1} with host 2
+    alone: the search space and the baselines offer it, the simulator prices the island's 1 gbit all-reduce
+    (not the world's 20 mbit one), the features say how many peers receive each update. On an even cluster
+    the mode is not offered."""
+    from autosync.cluster import parse_cluster
+    from autosync.models.features import featurize
+    from autosync.models.simulator import simulate
+    from autosync.plans.selective import frontier, profile_frontier
+    from autosync.profiler.profile import nominal_profile
+    from autosync.search.baselines import baselines
+    from autosync.search.space import random_strategies
+    from autosync.strategy import Strategy
+
+    uneven = nominal_profile(parse_cluster("3x1@1gbit;node2=20mbit"), "mlp")
+    assert uneven.path_bps() == ([[0.0, 1e9, 20e6], [1e9, 0.0, 20e6], [20e6, 20e6, 0.0]], "spec")
+    assert [p["text"] for p in profile_frontier(uneven)] == ["0,1|2"]
+    picked = baselines(uneven)["selective"]
+    assert picked.sync.islands == ((0, 1), (2,)) and picked.sync.period == 4
+    drawn = {s.sync.islands for s in random_strategies(uneven, 60, 0) if s.sync.mode == "selective"}
+    assert drawn == {((0, 1), (2,))}
+    sel, ddp = simulate(uneven, picked), simulate(uneven, Strategy.default())
+    assert sel.step_s < ddp.step_s / 3, (sel, ddp)
+    f = featurize(uneven, picked)
+    assert (f["selective"], f["selective_period"], f["selective_reach"]) == (1.0, 4.0, pytest.approx(1 / 3))
+
+    even = nominal_profile(parse_cluster("3x1@1gbit"), "mlp")
+    assert profile_frontier(even) == [] and "selective" not in baselines(even)
+    assert all(s.sync.mode != "selective" for s in random_strategies(even, 60, 0))
+    # more tiers: a Pareto frontier, fastest first, each point reaching more peers than every faster one
+    G, M = 1e9, 1e6
+    bw = [[0, G, G, 100 * M], [G, 0, G, 100 * M], [G, G, 0, 100 * M], [100 * M] * 3 + [0]]
+    bw5 = [row + [20 * M] for row in bw] + [[20 * M] * 4 + [0]]
+    points = frontier(bw5, 4e6, 1, 1e-4)
+    assert [p["text"] for p in points] == ["0,1,2|3|4", "0,1,2,3|4"]
+    assert points[0]["time_s"] < points[1]["time_s"] and points[0]["reach"] < points[1]["reach"]

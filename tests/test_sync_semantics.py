@@ -18,8 +18,9 @@ BSP_COMPRESSORS = {
 }
 
 
-def _rank_gaps(ctx, strategy: dict, steps: int, communicate: bool):
-    """Train mlp ``steps`` steps; after each, the largest parameter gap between any rank and rank 0."""
+def _rank_gaps(ctx, strategy: dict, steps: int, communicate: bool, per_rank: bool = False):
+    """Train mlp ``steps`` steps; after each, the largest parameter gap between any rank and rank 0 (with
+    ``per_rank``, the list of each rank's gap to rank 0)."""
     import torch
     import torch.distributed as dist
 
@@ -44,7 +45,8 @@ def _rank_gaps(ctx, strategy: dict, steps: int, communicate: bool):
             flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
             every = [torch.empty_like(flat) for _ in range(ctx.world_size)]
             dist.all_gather(every, flat)
-            gaps.append(max(float((e - every[0]).abs().max()) for e in every))
+            each = [float((e - every[0]).abs().max()) for e in every]
+            gaps.append(each if per_rank else max(each))
     finally:
         release(ddp)
     return gaps, torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
@@ -73,6 +75,30 @@ def test_local_sgd_ranks_are_identical_right_after_averaging_and_differ_between(
             assert gap < 1e-6, f"step {s}: ranks differ right after averaging ({gap})"
         else:
             assert gap > 1e-6, f"step {s}: ranks identical between averaging steps: the averager is all there is"
+
+
+def test_selective_averages_inside_an_island_every_step_and_across_islands_every_period():
+    """Islands [[0, 1], [2]] (three hosts of one rank): ranks 0 and 1 draw different batches yet stay identical
+    (their gradients are averaged every step); rank 2 parts from them between averagings and meets them at each
+    (torch's PeriodicModelAverager, as in local SGD)."""
+    strategy = Strategy.from_dict({"sync": {"mode": "selective", "islands": [[0, 1], [2]], "period": 4,
+                                            "warmup_steps": 2}}).canonical()
+    with RankPool(3, ranks_per_host=1) as pool:
+        (gaps, _), _, _ = pool.run(_rank_gaps, strategy, 11, True, True)
+    averaged = [s < 2 or (s - 2) % 4 == 0 for s in range(11)]
+    for s, ((_, gap1, gap2), avg) in enumerate(zip(gaps, averaged)):
+        assert gap1 == 0.0, f"step {s}: ranks 0 and 1 differ ({gap1}): the island did not average"
+        if avg:
+            assert gap2 < 1e-6, f"step {s}: rank 2 differs right after averaging ({gap2})"
+        else:
+            assert gap2 > 1e-6, f"step {s}: rank 2 identical between averagings: it received the island's updates"
+
+
+def test_selective_refuses_islands_that_do_not_cover_the_hosts():
+    strategy = Strategy.from_dict({"sync": {"mode": "selective", "islands": [[0, 1], [2]]}}).canonical()
+    with RankPool(2, ranks_per_host=1) as pool:
+        with pytest.raises(Exception, match="sync.islands: covers 3 hosts, but this job has 2"):
+            pool.run(_rank_gaps, strategy, 1, True)
 
 
 def _ssp_vs_delayed_sgd(ctx, strategy: dict, staleness: int, steps: int):

@@ -61,7 +61,7 @@ class SyncState:
     Build it on every rank in the same order (it may create process subgroups, a collective
     call). ``close()`` stops the worker thread and destroys the subgroups. Plans and
     compressors receive it as ``comm``: ``pg``, ``world``, ``rank``, ``ranks_per_host``,
-    ``intra_group``, ``leader_group``, ``global_rank(r)``.
+    ``intra_group``, ``leader_group``, ``mode_state``, ``global_rank(r)``.
     """
 
     def __init__(self, model: torch.nn.Module, strategy: Strategy, process_group=None,
@@ -111,6 +111,7 @@ class SyncState:
                 self.leader_group = dist.new_group(ranks[::rph])
                 self._subgroups.append(self.leader_group)
 
+        self.mode_state = self.mode.make_state(self, strategy.sync)
         self.compressor_states = [c.make_state(self, g) for c, g in zip(self.compressors, strategy.groups)]
         members: list[list[torch.Tensor]] = [[] for _ in strategy.groups]
         for (_, p), gi in zip(named, group_of):

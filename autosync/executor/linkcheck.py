@@ -84,6 +84,22 @@ def check_links(pool: RankPool, cluster: Cluster, seconds: float = 0.5, reps: in
     return out
 
 
+def check_paths(pool: RankPool, cluster: Cluster, seconds: float = 0.25, reps: int = 2, pings: int = 5,
+                timeout: float = 300.0) -> list[list[float]]:
+    """The bandwidth (bit/s) of every host-to-host path, from a transfer between the first ranks of each pair
+    (sized for ``seconds`` at the spec's rate); the diagonal is 0."""
+    n = cluster.nodes
+    out = [[0.0] * n for _ in range(n)]
+    for a in range(n):
+        for b in range(a + 1, n):
+            rate, _ = cluster.path(a, b)
+            nbytes = int(min(max(rate / 8 * seconds, 1 << 18), 64 << 20)) // 4 * 4
+            ra, rb = a * cluster.ranks_per_node, b * cluster.ranks_per_node
+            bps, _ = pool.run(_pair_task, ra, rb, nbytes, reps, pings, timeout=timeout)[rb]
+            out[a][b] = out[b][a] = round(bps, 0)
+    return out
+
+
 @dataclass(frozen=True)
 class ComputeMeasurement:
     host: int

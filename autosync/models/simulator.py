@@ -69,6 +69,7 @@ class SimContext:
         self.world = profile.cluster.world_size
         self.ranks_per_node = profile.cluster.ranks_per_node
         self.nodes = profile.cluster.nodes
+        self.paths = profile.path_bps()[0]
         m = profile.model
         self.flop_rate = m.flops_per_step / max(m.forward_s + m.backward_s, 1e-9)
 
@@ -144,7 +145,7 @@ def simulate(profile: Profile, strategy: Strategy) -> SimResult:
     for bucket in buckets:
         ready = max(params[i].ready_s for i in bucket) * slow
         bucket_bytes = sum(params[i].nbytes for i in bucket)
-        local = mode.bucket_cost(costs, bucket_bytes)
+        local = mode.bucket_cost(costs, bucket_bytes, strategy.sync)
         if local is not None:
             t = local
             bytes_per_plan[mode.name] = bytes_per_plan.get(mode.name, 0.0) + bucket_bytes

@@ -14,7 +14,7 @@ columns; append, never insert, or seeded random draws of ``collect`` change.
 from __future__ import annotations
 
 from autosync.plans import (adaptive, allreduce, asp, bsp, hierarchical_allreduce, local_sgd, lowp, none, powersgd, ps,
-                            row_sparse, sfb, sharded_ps, ssp, topk)
+                            row_sparse, selective, sfb, sharded_ps, ssp, topk)
 from autosync.plans.base import CompressorDef, PlanDef, SyncModeDef
 
 PLANS: dict[str, PlanDef] = {p.name: p for p in (
@@ -38,6 +38,7 @@ SYNC_MODES: dict[str, SyncModeDef] = {m.name: m for m in (
     ssp.MODE,
     adaptive.MODE,
     asp.MODE,
+    selective.MODE,
 )}
 
 

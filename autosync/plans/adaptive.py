@@ -98,7 +98,7 @@ class Adaptive(LocalSGD):
     fields = {"max_period": (8, 2, 10_000), "threshold": (0.005, 0.0, 10.0), "warmup_steps": (10, 0, 1_000_000)}
     features = {"adaptive": 0.0, "adaptive_max_period": 0.0, "adaptive_threshold": 0.0}
 
-    def suggest(self, trial) -> dict:
+    def suggest(self, trial, profile=None) -> dict:
         return {"warmup_steps": SEARCH_WARMUP_STEPS,
                 "max_period": trial.suggest_categorical("adaptive_max_period", MAX_PERIODS),
                 "threshold": trial.suggest_categorical("adaptive_threshold", THRESHOLDS)}

@@ -187,7 +187,7 @@ class AsynchronousParameterServer(SyncModeDef):
         params = [p for group in optimizer.param_groups for p in group["params"]]
         return _AsyncOptimizer(optimizer, AsyncParameterServer(params, process_group))
 
-    def bucket_cost(self, sim, nbytes: float) -> float | None:
+    def bucket_cost(self, sim, nbytes: float, sync=None) -> float | None:
         return 0.0
 
     def step_cost(self, sim, sync, model_bytes: float) -> float:

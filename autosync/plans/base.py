@@ -14,9 +14,9 @@ iterate over the registry (:mod:`autosync.plans`) and never switch on a name. En
 torch only inside their hook bodies, so the CLI and the cost model load without it.
 
 The hook-side ``comm`` argument is the executor's ``SyncState``: ``pg``, ``world``,
-``rank``, ``ranks_per_host``, ``intra_group``, ``leader_group``, ``global_rank(r)``. The
+``rank``, ``ranks_per_host``, ``intra_group``, ``leader_group``, ``mode_state``, ``global_rank(r)``. The
 simulator-side ``sim`` argument offers ``t(collective, nbytes, scope)``, ``alpha(collective)``,
-``world``, ``nodes``, ``ranks_per_node`` and ``flop_rate``.
+``world``, ``nodes``, ``ranks_per_node``, ``paths`` (host-to-host bandwidths, bit/s) and ``flop_rate``.
 """
 from __future__ import annotations
 
@@ -164,17 +164,29 @@ class SyncModeDef(Entry):
     #: a step's gradients are synchronized within that step (not ssp's later steps, not asp's server loop)
     same_step: ClassVar[bool] = True
 
-    def parse(self, raw, path: str) -> dict[str, int | float]:
+    def parse(self, raw, path: str) -> dict[str, Any]:
+        """The numeric fields; a structured field (a default neither int nor float) is the mode's own to read."""
         out = {}
         for name, (default, lo, hi) in self.fields.items():
+            if isinstance(default, bool) or not isinstance(default, (int, float)):
+                continue
             if isinstance(default, float):
                 out[name] = v.number(f"{path}.{name}", raw.get(name, default), lo, hi)
             else:
                 out[name] = v.integer(f"{path}.{name}", raw.get(name, default), lo, hi)
         return out
 
-    def suggest(self, trial) -> dict[str, Any]:
+    def suggest(self, trial, profile=None) -> dict[str, Any]:
         return {}
+
+    def offered(self, profile) -> bool:
+        """Whether the search space offers the mode for ``profile`` (selective: only on uneven paths)."""
+        return True
+
+    def make_state(self, comm, sync) -> Any:
+        """Per-job state (``comm.mode_state``), built on every rank in the same order; subgroups it creates go to
+        ``comm._subgroups`` (destroyed at close)."""
+        return None
 
     def steps_per_round(self, sync) -> int:
         """Steps after which the pattern repeats; timed steps are whole rounds, step time their mean."""
@@ -201,7 +213,7 @@ class SyncModeDef(Entry):
         """The optimizer that carries out the mode (e.g. torch's PostLocalSGDOptimizer)."""
         return optimizer
 
-    def bucket_cost(self, sim, nbytes: float) -> float | None:
+    def bucket_cost(self, sim, nbytes: float, sync=None) -> float | None:
         """Seconds of one bucket when the mode replaces the plans (None: the plans run)."""
         return None
 

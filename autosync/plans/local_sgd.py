@@ -26,7 +26,7 @@ class LocalSGD(SyncModeDef):
     fields = {"period": (4, 2, 10_000), "warmup_steps": (10, 0, 1_000_000)}
     features = {"local_sgd": 0.0, "local_period": 1.0}
 
-    def suggest(self, trial) -> dict:
+    def suggest(self, trial, profile=None) -> dict:
         return {"warmup_steps": SEARCH_WARMUP_STEPS, "period": trial.suggest_categorical("local_sgd_period", PERIODS)}
 
     def steps_per_round(self, sync) -> int:
@@ -54,7 +54,7 @@ class LocalSGD(SyncModeDef):
                                          process_group=process_group)
         return PostLocalSGDOptimizer(optimizer, averager)
 
-    def bucket_cost(self, sim, nbytes: float) -> float | None:
+    def bucket_cost(self, sim, nbytes: float, sync=None) -> float | None:
         if sim.ranks_per_node > 1 and sim.nodes > 1:
             return sim.t("all_reduce", nbytes, "intra")
         return sim.t("all_reduce", nbytes) if sim.nodes == 1 else 0.0

@@ -36,7 +36,7 @@ class StaleSynchronous(SyncModeDef):
     fields = {"staleness": (1, 1, 64)}
     features = {"ssp": 0.0, "ssp_staleness": 0.0}
 
-    def suggest(self, trial) -> dict:
+    def suggest(self, trial, profile=None) -> dict:
         return {"staleness": trial.suggest_categorical("ssp_staleness", STALENESS)}
 
     def delay(self, sync) -> int:

@@ -47,6 +47,16 @@ class Profile:
                           self.env.get("network", "emulated"), self.env.get("backend", "gloo"),
                           self.env.get("device", "cpu"))
 
+    def path_bps(self) -> tuple[list[list[float]], str]:
+        """Host-to-host bandwidths (bit/s) and where they come from: ``"measured"`` (the environment's
+        ``path_bps``, one point-to-point transfer per pair of hosts) or ``"spec"`` (the slower of the two links).
+        The diagonal is 0 (a host's own ranks use ``intra`` fits)."""
+        measured = self.env.get("path_bps") if isinstance(self.env, dict) else None
+        if measured:
+            return [list(map(float, row)) for row in measured], "measured"
+        c = self.cluster
+        return [[c.path(a, b)[0] if a != b else 0.0 for b in range(c.nodes)] for a in range(c.nodes)], "spec"
+
     @property
     def context_id(self) -> str:
         return self.context.id
@@ -99,7 +109,8 @@ def run_profile(pool: RankPool, cluster: Cluster, workload: str, batch_size: int
     The profile's context takes the pool's ``network`` label (emulated, unshaped, real). On a
     cluster of uneven compute the model profile is the fastest rank's (a full-speed host) and
     the environment records ``host_speeds``: per host, the median over its ranks of the fastest
-    rank's compute time over theirs (measured while every rank profiles at once).
+    rank's compute time over theirs (measured while every rank profiles at once). With three hosts or
+    more it records ``path_bps``, the bandwidth of every host-to-host path (:meth:`Profile.path_bps`).
     """
     models = [ModelProfile.from_dict(d) for d in pool.run(_model_task, workload, batch_size, timeout=timeout)]
     extra = dict(getattr(pool, "facts", {}))
@@ -110,6 +121,10 @@ def run_profile(pool: RankPool, cluster: Cluster, workload: str, batch_size: int
         extra["host_speeds"] = [round(statistics.median(model.compute_s / mp.compute_s
                                                         for mp in models[h * rph:(h + 1) * rph]), 4)
                                 for h in range(cluster.nodes)]
+    if measure_network and cluster.nodes >= 3:   # islands of selective receivers need per-path numbers
+        from autosync.executor.linkcheck import check_paths
+
+        extra["path_bps"] = check_paths(pool, cluster, timeout=timeout)
     network = profile_network(pool, timeout=timeout) if measure_network else NetworkProfile.nominal(cluster)
     env = environment(pool.network if measure_network else "nominal", pool.backend, pool.device, **extra)
     return Profile(model, network, cluster, env)

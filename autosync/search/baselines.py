@@ -23,9 +23,14 @@ Each is built from a Profile (parameter names, sizes, embeddings, world size):
 - ``poseidon``: sufficient-factor broadcasting for the fully connected weights where Poseidon's rule
   says it moves less (:func:`autosync.plans.sfb.poseidon_rule`, from the profile's factor rows),
   all-reduce elsewhere (Zhang et al., Poseidon, USENIX ATC 2017). Left out when no weight qualifies.
+- ``selective``: selective receivers (after SELMCAST): every step the gradient is averaged inside the
+  islands of hosts joined by fast paths, every 4 steps the parameters of all ranks (after 2 warm-up
+  steps); islands by :func:`autosync.plans.selective.pick` from the per-path bandwidths. Left out on
+  an even cluster (no island choice between bsp and local SGD).
 """
 from __future__ import annotations
 
+from autosync.plans.selective import pick, profile_frontier
 from autosync.plans.sfb import poseidon_rule
 from autosync.profiler import Profile
 from autosync.strategy import Strategy
@@ -46,6 +51,7 @@ def baselines(profile: Profile) -> dict[str, Strategy]:
     large = [p.name for p in params if p.nbytes >= LARGE_TENSOR_BYTES]
     small = [n for n in names if n not in large]
     factored = [p.name for p in params if poseidon_rule(p.shape, p.factor_rows, world)]
+    islands = pick(profile_frontier(profile))
     raw: dict[str, dict] = {
         "ddp_default": {},
         "horovod_fp16": {"groups": [{"match": "*", "compressor": "fp16"}]},
@@ -62,6 +68,8 @@ def baselines(profile: Profile) -> dict[str, Strategy]:
         "asp": {"sync": "asp"},
         "adaptive_local_sgd": {"sync": {"mode": "adaptive", "max_period": 8, "threshold": 0.005, "warmup_steps": 2}},
         "poseidon": {"groups": [{"match": factored, "plan": "sfb"}, {"match": "*"}]} if factored else {},
+        "selective": {"sync": {"mode": "selective", "islands": islands["text"], "period": 4, "warmup_steps": 2}}
+        if islands else {},
     }
     out: dict[str, Strategy] = {}
     seen: set[str] = set()

@@ -64,14 +64,14 @@ def suggest(trial: optuna.trial.BaseTrial, profile: Profile, lossless: bool = Fa
     groups[-1]["match"] = "*"  # the last group takes the rest: shorter files, same cover
 
     raw: dict = {"groups": groups, "fusion": {"bucket_cap_mb": trial.suggest_categorical("bucket_cap_mb", BUCKET_CAPS_MB)}}
-    modes = [m.name for m in registry.SYNC_MODES.values() if not (lossless and m.lossy)]
+    modes = [m.name for m in registry.SYNC_MODES.values() if not (lossless and m.lossy) and m.offered(profile)]
     immediate = any(registry.plan(g["plan"]).immediate for g in groups)
     if immediate:   # sfb needs each step's own activations: no delayed or asynchronous mode (own parameter name)
         modes = [m for m in modes if registry.sync_mode(m).same_step]
     mode = modes[0] if len(modes) == 1 else trial.suggest_categorical(
         "sync_mode_immediate" if immediate else "sync_mode", modes)
     kind = registry.sync_mode(mode)
-    fields = kind.suggest(trial)
+    fields = kind.suggest(trial, profile)
     if fields:
         raw["sync"] = {"mode": mode, **fields}
     if kind.allows_zero and trial.suggest_categorical("zero", [False, True]):
