@@ -1,4 +1,6 @@
 """Statistical efficiency: paired training on real ranks, and the arithmetic of the comparison."""
+from pathlib import Path
+
 import pytest
 
 from autosync.datasets.store import DatasetStore
@@ -8,6 +10,8 @@ from autosync.strategy import Strategy
 
 pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
 HORIZON, EVERY = 80, 10
+#: a 17k-parameter regression model: the protocol's arithmetic does not need mlp's 5.8M parameters
+SMALL = str(Path(__file__).parent / "fixtures" / "small.py") + ":build"
 
 
 def test_steps_to_interpolates_the_first_crossing_and_none_when_never():
@@ -44,15 +48,15 @@ def test_scaled_down_updates_measure_efficiency_clearly_below_one_and_the_defaul
     """The same strategy trained with a 4x smaller learning rate stands in for a lossy strategy that
     shrinks every update: the paired comparison must see it, and the reference itself must read 1."""
     default = Strategy.default().canonical()
-    spec = CurveSpec("mlp", default, 64, HORIZON, EVERY, signals=False)
+    spec = CurveSpec(SMALL, default, 64, HORIZON, EVERY, signals=False)
     with RankPool(2, ranks_per_host=1) as pool:
-        refs = [measure_curve(pool, CurveSpec("mlp", default, 64, HORIZON, EVERY, seed=s), 300) for s in (0, 1)]
+        refs = [measure_curve(pool, CurveSpec(SMALL, default, 64, HORIZON, EVERY, seed=s), 300) for s in (0, 1)]
         again = measure_curve(pool, spec, 300)
-        slow = measure_curve(pool, CurveSpec("mlp", default, 64, HORIZON, EVERY, lr=spec.lr / 4, signals=False), 300)
+        slow = measure_curve(pool, CurveSpec(SMALL, default, 64, HORIZON, EVERY, lr=spec.lr / 4, signals=False), 300)
         goal = target(refs, HORIZON)
-        timed = measure_curve(pool, CurveSpec("mlp", default, 64, 2 * HORIZON, EVERY, signals=False, stop_at=goal),
+        timed = measure_curve(pool, CurveSpec(SMALL, default, 64, 2 * HORIZON, EVERY, signals=False, stop_at=goal),
                               300)
-        capped = measure_curve(pool, CurveSpec("mlp", default, 64, 2 * HORIZON, EVERY, signals=False, stop_at=0.0,
+        capped = measure_curve(pool, CurveSpec(SMALL, default, 64, 2 * HORIZON, EVERY, signals=False, stop_at=0.0,
                                                max_train_s=1e-6), 300)
     # timed mode: stops once L* is crossed and confirmed by the next evaluation, clock read at every evaluation
     assert timed.eval_loss[-1] < refs[0].eval_loss[0] and timed.steps[-1] <= HORIZON, timed.steps
@@ -71,7 +75,7 @@ def test_meter_stores_measures_once_and_reads_it_back(tmp_path):
     psgd = Strategy.from_dict({"groups": [{"compressor": {"name": "powersgd", "rank": 1}}]})
     same_math = Strategy.from_dict({"groups": [{"plan": "allreduce", "compressor": {"name": "powersgd", "rank": 1}}],
                                     "fusion": {"bucket_cap_mb": 4}})
-    with EfficiencyMeter(store, "mlp", 64, 2, 1, horizon=HORIZON, eval_every=EVERY) as meter:
+    with EfficiencyMeter(store, SMALL, 64, 2, 1, horizon=HORIZON, eval_every=EVERY) as meter:
         row = meter.measure(psgd)
         assert row["status"] == "ok" and 0 <= row["efficiency"] <= 1.25
         assert row["grad_error"] > 0.05, "PowerSGD rank 1 must show a compression error"
@@ -79,13 +83,13 @@ def test_meter_stores_measures_once_and_reads_it_back(tmp_path):
         assert meter.measure(Strategy.default())["efficiency"] == 1.0
     rows = store.read_efficiency()
     assert sorted(rows.lossy_key == "lossless") == [False, True, True]   # two reference seeds + one candidate
-    with EfficiencyMeter(store, "mlp", 64, 2, 1, horizon=HORIZON, eval_every=EVERY) as meter:
+    with EfficiencyMeter(store, SMALL, 64, 2, 1, horizon=HORIZON, eval_every=EVERY) as meter:
         assert meter.measure(same_math)["efficiency_key"] == row["efficiency_key"]
         assert meter._pool is None, "a stored efficiency must not be measured again"
     asp = Strategy.from_dict({"sync": "asp"})
-    assert key("mlp", 64, 2, 1, asp) == key("mlp", 64, 2, 1, asp, "loopback") != key("mlp", 64, 2, 1, asp, "2x1@1gbit")
+    assert key(SMALL, 64, 2, 1, asp) == key(SMALL, 64, 2, 1, asp, "loopback") != key(SMALL, 64, 2, 1, asp, "2x1@1gbit")
     spec = "2x1@1gbit;node1=cpu:0.5"
-    with EfficiencyMeter(store, "mlp", 64, 2, 1, horizon=HORIZON, eval_every=EVERY) as meter, \
+    with EfficiencyMeter(store, SMALL, 64, 2, 1, horizon=HORIZON, eval_every=EVERY) as meter, \
             RankPool(2, ranks_per_host=1) as cluster_ranks:
         assert meter.where(asp) == "loopback" and meter.where(psgd) is None
         meter.on_cluster(cluster_ranks, spec)       # asp's staleness follows the cluster's timing: trained there

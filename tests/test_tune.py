@@ -14,6 +14,8 @@ from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import can_emulate
 from autosync.executor.launch import free_port
 
+SMALL = str(Path(__file__).parent / "fixtures" / "small.py") + ":build"     # 17k parameters: fast trials
+
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
 
@@ -55,7 +57,7 @@ def test_two_workers_on_one_postgres_study_measure_disjoint_strategies_and_learn
     """Worker B starts once A's DDP default is in the shared study: B must not measure what A measured or is
     measuring (the default included), and B's proposals must come from a model refit on A's measurements."""
     def worker(name, seed):
-        return subprocess.Popen([sys.executable, "-m", "autosync.cli", "tune", "--workload", "mlp", "--cluster",
+        return subprocess.Popen([sys.executable, "-m", "autosync.cli", "tune", "--model", SMALL, "--cluster",
                                  "2x1@1gbit", "--measure", "3", "--objective", "throughput",
                                  "--confirm-rounds", "0", "--storage", postgres, "--seed", str(seed),
                                  "--timeout", "60", "--out", str(tmp_path / f"{name}.yaml"),

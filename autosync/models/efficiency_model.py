@@ -116,7 +116,8 @@ class EfficiencyModel:
         out = np.ones(len(strategies))
         lossy = [i for i, s in enumerate(strategies) if not s.is_lossless]
         if lossy:
-            X = np.array([[features(profile, strategies[i], noise_scale)[n] for n in EFF_FEATURES] for i in lossy])
+            rows = [features(profile, strategies[i], noise_scale) for i in lossy]   # featurize once per candidate
+            X = np.array([[f[n] for n in EFF_FEATURES] for f in rows])
             out[lossy] = self.predict(X)
         return out
 
