@@ -5,6 +5,7 @@ Public API::
     strategy = autosync.tune("bert-mini", cluster="2x1@100mbit", measure=8)   # or tune(model, make_batch, ...)
     strategy = autosync.load_strategy("strategy.yaml")
     model, optimizer = autosync.apply(model, optimizer, strategy)   # inside any DDP training script
+    optimizer = autosync.register(ddp_model, strategy, optimizer)   # a model a framework wrapped in DDP already
 """
 from autosync.cluster import Cluster, parse_cluster
 from autosync.errors import UserError
@@ -12,8 +13,8 @@ from autosync.strategy import Strategy, StrategyError, load_strategy, loads_stra
 
 
 def __getattr__(name):
-    """``apply`` and ``release`` import torch: loaded on first use, so the CLI answers --help at once."""
-    if name in ("apply", "release"):
+    """``apply``, ``register`` and ``release`` import torch: loaded on first use, so the CLI answers --help at once."""
+    if name in ("apply", "ddp_kwargs", "register", "release"):
         from autosync.executor import apply as _apply
 
         return getattr(_apply, name)
@@ -34,6 +35,6 @@ def profile(*args, **kwargs):
     return _profile(*args, **kwargs)
 
 
-__all__ = ["Cluster", "Strategy", "StrategyError", "UserError", "apply", "load_strategy", "loads_strategy",
-           "parse_cluster", "profile", "release", "save_strategy", "tune"]
+__all__ = ["Cluster", "Strategy", "StrategyError", "UserError", "apply", "ddp_kwargs", "load_strategy", "loads_strategy",
+           "parse_cluster", "profile", "register", "release", "save_strategy", "tune"]
 __version__ = "0.1.0"

@@ -540,6 +540,9 @@ def _add_tune(sub) -> None:
                    help="Optuna storage; share a PostgreSQL URL between workers (default sqlite:///autosync-tune.db)")
     p.add_argument("--out", default="strategy.yaml", metavar="FILE", help="recommended strategy (default strategy.yaml)")
     p.add_argument("--plot", default=None, metavar="PNG", help="predicted vs measured plot (default: next to --out)")
+    p.add_argument("--report", default=None, metavar="HTML",
+                   help="self-contained report of the tune: context, pick, every measured strategy, plots "
+                        "(default: next to --out, e.g. strategy.html)")
     p.add_argument("--data", default="autosync-data", metavar="DIR",
                    help="where measurements are appended (default ./autosync-data)")
     p.add_argument("--batch-size", type=_positive_int, default=None, help="per-rank batch size (default: the workload's)")
@@ -578,6 +581,8 @@ def _cmd_tune(args) -> int:
     check_output(args.out, "strategy file")
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
     check_output(plot_path, "plot")
+    report_path = args.report or str(Path(args.out).with_suffix(".html"))
+    check_output(report_path, "report")
     if args.lossless and args.objective not in (None, "lossless"):
         raise UserError(f"--lossless contradicts --objective {args.objective}")
     objective = "lossless" if args.lossless else (args.objective or "time-to-loss")
@@ -617,6 +622,12 @@ def _cmd_tune(args) -> int:
         console.print(table)
         plot_predicted_vs_measured(result, plot_path)
         console.print(f"plot -> {plot_path}")
+    from autosync.datasets.store import DatasetStore
+    from autosync.report import write_report
+
+    data = DatasetStore(args.data, create=False) if Path(args.data).is_dir() else None
+    write_report(result, profile, report_path, data)
+    console.print(f"report -> {report_path}")
     summary = f"recommended: {result.source} ({result.strategy.hash}, {'LOSSY' if result.pick and result.pick.lossy else 'lossless'})"
     if result.speedup_over_default:
         summary += f", {result.speedup_over_default:.2f}x the DDP default per step"

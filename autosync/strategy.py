@@ -270,6 +270,20 @@ class Strategy:
     def to_json(self) -> str:
         return json.dumps(self.canonical(), sort_keys=True)
 
+    def summary(self) -> str:
+        """One line for tables and Optuna's dashboard, e.g. ``local_sgd(period=4) | allreduce x2, ps+fp16 |
+        bucket 25 MB | LOSSY``."""
+        fields = {k: v for k, v in self.sync.to_dict().items() if k != "mode"}
+        sync = self.sync.mode + (f"({', '.join(f'{k}={v}' for k, v in fields.items())})" if fields else "")
+        counts: dict[str, int] = {}
+        for g in self.groups:
+            name = g.plan + ("" if g.compressor.name == "none" else f"+{g.compressor.name}")
+            counts[name] = counts.get(name, 0) + 1
+        plans = ", ".join(n + (f" x{c}" if c > 1 else "") for n, c in counts.items())
+        zero = " | zero" if self.optimizer_sharding == "zero" else ""
+        return (f"{sync} | {plans} | bucket {self.fusion.bucket_cap_mb:g} MB{zero} | "
+                f"{'lossless' if self.is_lossless else 'LOSSY'}")
+
     @property
     def hash(self) -> str:
         """Stable 16-hex-digit id of the canonical form."""

@@ -181,6 +181,9 @@ def test_time_to_loss_measures_the_efficiency_of_lossy_finalists_before_picking(
     assert (eff.lossy_key == "lossless").sum() == 2, "two reference seeds give the noise band"
     lossy = eff[eff.lossy_key != "lossless"]
     assert len(lossy) >= 1 and (lossy.status == "ok").all(), lossy[["status", "reason"]]
+    report = (tmp_path / "s.html").read_text()      # the report beside the strategy file, self-contained
+    assert "Every measured strategy" in report and "src='data:image/png;base64," in report and "http" not in report
+    assert report.count("data:image/png") == 2, "predicted-vs-measured and loss-against-time plots"
     picked_lossy = "# LOSSY: statistical efficiency" in text
     assert picked_lossy == ("# lossless: false" in text)
     if picked_lossy:

@@ -59,7 +59,11 @@ def apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: St
                   init_sync=init_sync)
         ddp.register_comm_hook(state, autosync_hook)
     ddp.autosync_state = state
+    return ddp, _wrap_optimizer(optimizer, model, strategy, pg, state)
 
+
+def _wrap_optimizer(optimizer, model, strategy: Strategy, pg, state: SyncState):
+    """ZeRO and the sync mode's optimizer wrapper (local SGD's averager, asp's exchange), in that order."""
     if strategy.optimizer_sharding == "zero":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -68,7 +72,90 @@ def apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: St
     optimizer = strategy.sync.kind.wrap_optimizer(optimizer, strategy.sync, pg)
     if hasattr(optimizer, "finish"):   # asp: release() stops the parameter server and hands out its parameters
         state.closers.append(optimizer.finish)
-    return ddp, optimizer
+    return optimizer
+
+
+#: how to set DDP's bucket options where a framework wraps the model itself
+BUCKET_KNOBS = ("torch DDP(bucket_cap_mb=...), Lightning DDPStrategy(bucket_cap_mb=...), Accelerate "
+                "DistributedDataParallelKwargs(bucket_cap_mb=...), Transformers TrainingArguments(ddp_bucket_cap_mb=...)")
+
+
+def ddp_kwargs(strategy: Strategy | str | os.PathLike) -> dict:
+    """The strategy's DDP bucket options as keyword arguments (``bucket_cap_mb``, ``gradient_as_bucket_view``,
+    ``static_graph``): for ``DistributedDataParallel(...)``, Accelerate's ``DistributedDataParallelKwargs(...)``."""
+    if not isinstance(strategy, Strategy):
+        strategy = load_strategy(strategy)
+    f = strategy.fusion
+    return {"bucket_cap_mb": f.bucket_cap_mb, "gradient_as_bucket_view": f.gradient_as_bucket_view,
+            "static_graph": f.static_graph}
+
+
+def fusion_mismatch(ddp: DDP, strategy: Strategy) -> str | None:
+    """What of the strategy's ``fusion`` an already-built DDP does not follow (None: all of it)."""
+    fusion = strategy.fusion
+    cap = getattr(ddp, "bucket_bytes_cap", None)
+    out = []
+    if cap is not None and abs(cap - int(fusion.bucket_cap_mb * 1024 * 1024)) > 1:
+        out.append(f"bucket_cap_mb={cap / 1024 / 1024:g} (the strategy says {fusion.bucket_cap_mb:g})")
+    if getattr(ddp, "gradient_as_bucket_view", fusion.gradient_as_bucket_view) != fusion.gradient_as_bucket_view:
+        out.append(f"gradient_as_bucket_view={ddp.gradient_as_bucket_view}")
+    if bool(getattr(ddp, "static_graph", fusion.static_graph)) != fusion.static_graph:
+        out.append(f"static_graph={ddp.static_graph}")
+    return ", ".join(out) or None
+
+
+def register(ddp_model: DDP, strategy: Strategy | str | os.PathLike, optimizer=None, process_group=None,
+             ranks_per_host: int | None = None, **hook_options):
+    """Apply ``strategy`` to a model some framework already wrapped in DDP; returns ``optimizer``, wrapped as the
+    strategy's sync mode needs (None when none was given and none is needed).
+
+    For Lightning, Accelerate and the Transformers ``Trainer``, which build the DDP themselves. Call on every rank,
+    after the wrapping and before the first backward. The comm hook and its state are registered on
+    ``ddp_model`` (``ddp_model.autosync_state``; :func:`release` frees it). DDP's bucket options cannot change
+    after wrapping: when they differ from the strategy's ``fusion`` a warning names the framework knobs that set
+    them (:data:`BUCKET_KNOBS`); the hook still runs, only the bucket layout differs. Refused with one line:
+    ``sync: asp`` (it needs no DDP at all: use :func:`apply`), and ZeRO or a sync mode that wraps the optimizer
+    (local_sgd, adaptive, selective) without ``optimizer``.
+
+        model = accelerator.prepare(model)                 # a DDP on every rank
+        optimizer = autosync.register(model, "strategy.yaml", optimizer)
+    """
+    import warnings
+
+    from autosync.validation import StrategyError
+
+    if not isinstance(strategy, Strategy):
+        strategy = load_strategy(strategy)
+    if not isinstance(ddp_model, DDP):
+        raise StrategyError(f"register: expected a torch DistributedDataParallel model, got "
+                            f"{type(ddp_model).__name__} (for an unwrapped model use autosync.apply)")
+    kind = strategy.sync.kind
+    if kind.asynchronous:
+        raise StrategyError(f"register: sync mode {strategy.sync.mode} trains without DDP; use autosync.apply "
+                            "on the unwrapped model")
+    if (strategy.optimizer_sharding == "zero" or kind.wraps_optimizer) and optimizer is None:
+        what = "optimizer_sharding: zero" if strategy.optimizer_sharding == "zero" else f"sync mode {strategy.sync.mode}"
+        raise StrategyError(f"register: {what} wraps the optimizer; pass it (optimizer = register(model, "
+                            "strategy, optimizer))")
+    mismatch = fusion_mismatch(ddp_model, strategy)
+    if mismatch:
+        warnings.warn(f"autosync.register: the model was wrapped with {mismatch}; set it where the model is "
+                      f"wrapped: {BUCKET_KNOBS}", stacklevel=2)
+    state = attach_hook(ddp_model, strategy, process_group, ranks_per_host, **hook_options)
+    return None if optimizer is None else _wrap_optimizer(optimizer, ddp_model.module, strategy, state.pg, state)
+
+
+def attach_hook(ddp_model: DDP, strategy: Strategy, process_group=None, ranks_per_host: int | None = None,
+                **hook_options) -> SyncState:
+    """Build the strategy's :class:`SyncState` for an existing DDP and register autosync's comm hook on it."""
+    pg = process_group if process_group is not None else ddp_model.process_group
+    model = ddp_model.module
+    state = SyncState(model, strategy, pg, _ranks_per_host(ranks_per_host), embedding_parameter_names(model),
+                      **hook_options)
+    ddp_model.register_comm_hook(state, autosync_hook)
+    ddp_model.autosync_state = state
+    return state
+
 
 
 class Unsynchronized(torch.nn.Module):

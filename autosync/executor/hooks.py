@@ -120,6 +120,7 @@ class SyncState:
         self._segments_cache: dict[tuple[int, ...], list[Segment]] = {}
         self._worker = None if self.fast_path else ThreadPoolExecutor(1, thread_name_prefix="autosync-sync")
         self.closers: list = []                  # called first by close() (asp's parameter server)
+        self.hook_calls = 0                      # buckets the comm hook was handed (integrations report it)
         self._in_flight: deque = deque()         # per step: [(future, {param id: (offset, numel)}), ...]
         self._layouts: dict[tuple[int, ...], dict[int, tuple[int, int]]] = {}
 
@@ -283,6 +284,7 @@ def _future(device: torch.device) -> torch.futures.Future:
 
 def autosync_hook(state: SyncState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: average ``bucket`` over ranks by the strategy's per-group plans."""
+    state.hook_calls += 1
     if state.delay:
         return state.delayed(bucket)
     return state.average(bucket.buffer(), bucket.parameters(), bucket.is_last())

@@ -109,11 +109,8 @@ class Adaptive(LocalSGD):
     def window(self, sync) -> float:
         return 1.0
 
-    def wrap_optimizer(self, optimizer, sync, process_group):
-        from torch.distributed.optim import PostLocalSGDOptimizer
-
-        averager = _averager_class()(sync.warmup_steps, sync.max_period, sync.threshold, process_group)
-        return PostLocalSGDOptimizer(optimizer, averager)
+    def averager(self, sync, process_group):
+        return _averager_class()(sync.warmup_steps, sync.max_period, sync.threshold, process_group)
 
     def step_cost(self, sim, sync, model_bytes: float) -> float:
         return sim.t("all_reduce", 8 * (SAMPLE + 1)) + sim.t("all_reduce", model_bytes) / max(1.0, sync.max_period / 2)

@@ -171,6 +171,7 @@ class AsynchronousParameterServer(SyncModeDef):
     allows_zero = False
     bypasses_plans = True
     asynchronous = True
+    wraps_optimizer = True
     same_step = False
     features = {"asp": 0.0}
 

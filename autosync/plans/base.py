@@ -161,6 +161,8 @@ class SyncModeDef(Entry):
     #: ranks do not wait for each other (asp): each runs at its own pace, throughput is the sum of the ranks'
     #: rates, and statistical efficiency depends on timing (measured on the cluster, in time-based windows)
     asynchronous: ClassVar[bool] = False
+    #: the mode's work runs in an optimizer wrapper (:meth:`wrap_optimizer`: local SGD's averager)
+    wraps_optimizer: ClassVar[bool] = False
     #: a step's gradients are synchronized within that step (not ssp's later steps, not asp's server loop)
     same_step: ClassVar[bool] = True
 
@@ -208,6 +210,10 @@ class SyncModeDef(Entry):
     def run_local(self, comm, buffer) -> None:
         """What a bucket gets on a step where :meth:`local_step` is true."""
         raise NotImplementedError
+
+    def averager(self, sync, process_group):
+        """The torch ``ModelAverager`` the mode averages parameters with after optimizer steps (None: none)."""
+        return None
 
     def wrap_optimizer(self, optimizer, sync, process_group):
         """The optimizer that carries out the mode (e.g. torch's PostLocalSGDOptimizer)."""

@@ -23,6 +23,7 @@ class LocalSGD(SyncModeDef):
     needs_hosts = True
     allows_zero = False
     bypasses_plans = True
+    wraps_optimizer = True
     fields = {"period": (4, 2, 10_000), "warmup_steps": (10, 0, 1_000_000)}
     features = {"local_sgd": 0.0, "local_period": 1.0}
 
@@ -46,13 +47,17 @@ class LocalSGD(SyncModeDef):
             dist.all_reduce(buffer, group=comm.intra_group)
             buffer.div_(comm.ranks_per_host)
 
-    def wrap_optimizer(self, optimizer, sync, process_group):
+    def averager(self, sync, process_group):
+        """The torch ModelAverager that averages the parameters of all ranks (frameworks with their own
+        averaging step, e.g. Lightning's DDPStrategy, take it as it is)."""
         from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+        return PeriodicModelAverager(period=sync.period, warmup_steps=sync.warmup_steps, process_group=process_group)
+
+    def wrap_optimizer(self, optimizer, sync, process_group):
         from torch.distributed.optim import PostLocalSGDOptimizer
 
-        averager = PeriodicModelAverager(period=sync.period, warmup_steps=sync.warmup_steps,
-                                         process_group=process_group)
-        return PostLocalSGDOptimizer(optimizer, averager)
+        return PostLocalSGDOptimizer(optimizer, self.averager(sync, process_group))
 
     def bucket_cost(self, sim, nbytes: float, sync=None) -> float | None:
         if sim.ranks_per_node > 1 and sim.nodes > 1:

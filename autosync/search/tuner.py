@@ -216,6 +216,7 @@ class Tuner:
             seed=seed, n_startup_trials=min(200, candidates // 2)))
         self.study_name = f"autosync|{profile.context_id}|{'lossless' if lossless else 'any'}"
         self.shared = _open_shared(self.study_name, storage)
+        _describe_study(self.shared, profile, objective, lossless)
         self.scored: dict[str, tuple[float, Strategy]] = {}
         self.peer_measurements_seen = 0
 
@@ -228,8 +229,8 @@ class Tuner:
         self.shared.add_trial(trial)
 
     def _attrs(self, strategy: Strategy, kind: str, **extra) -> dict:
-        return {"strategy": strategy.to_json(), "hash": strategy.hash, "kind": kind,
-                "lossless": strategy.is_lossless, "worker": self.worker, **extra}
+        return {"strategy": strategy.to_json(), "hash": strategy.hash, "kind": kind, "summary": strategy.summary(),
+                "yaml": strategy.to_yaml(), "lossless": strategy.is_lossless, "worker": self.worker, **extra}
 
     def _measured_trials(self) -> list[optuna.trial.FrozenTrial]:
         return [t for t in self.shared.get_trials(deepcopy=False) if t.user_attrs.get("kind") == "measured"]
@@ -262,6 +263,22 @@ class Tuner:
             self.shared.tell(number, result.samples_per_s)
         else:
             self.shared.tell(number, state=optuna.trial.TrialState.FAIL)
+
+    def annotate(self, measured: list, result) -> None:
+        """What the end of a tune knows, as study attributes for Optuna's dashboard (a finished trial takes no new
+        attributes): per measured strategy of this run its statistical efficiency and where it comes from, and the
+        pick with its figures."""
+        eff = dict(self.shared.user_attrs.get("efficiency", {}))
+        for m in measured:
+            if m.status == "ok":
+                eff[m.strategy.hash] = f"{m.efficiency:.3f} ({m.efficiency_source})"
+        pick = {"hash": result.strategy.hash, "source": result.source, "summary": result.strategy.summary(),
+                "speedup_over_default": result.speedup_over_default, "worker": self.worker}
+        try:
+            self.shared.set_user_attr("efficiency", eff)
+            self.shared.set_user_attr("pick", pick)
+        except Exception:  # noqa: BLE001 - labels only
+            pass
 
     def shared_measurements(self) -> list[dict]:
         """Every finished measurement in the shared study (all workers): source, strategy, status, samples/s."""
@@ -368,6 +385,24 @@ def _open_shared(name: str, storage: str, attempts: int = 5) -> optuna.Study:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(f"cannot open Optuna storage {storage!r}: {first}") from None
     raise AssertionError("unreachable")
+
+
+def _describe_study(study: optuna.Study, profile: Profile, objective: str, lossless: bool) -> None:
+    """What Optuna's dashboard shows of the study: its context and objective, and the value's name (a trial's
+    value is measured samples/s for ``kind: measured`` trials, the cost model's score for ``predicted`` ones)."""
+    attrs = {"context": profile.context.label, "workload": profile.model.workload,
+             "batch_per_rank": profile.model.batch_size, "cluster": profile.cluster.spec(),
+             "network": profile.env.get("network", "emulated"), "objective": objective,
+             "space": "lossless only" if lossless else "lossless and lossy",
+             "values": "measured samples/s (kind=measured); cost-model score (kind=predicted)"}
+    try:
+        for k, v in attrs.items():
+            if study.user_attrs.get(k) != v:
+                study.set_user_attr(k, v)
+        if study.metric_names != ["samples/s"]:
+            study.set_metric_names(["samples/s"])
+    except Exception:  # noqa: BLE001 - labels only: a worker racing another on the same attribute is harmless
+        pass
 
 
 def _predicted_speedup(model: CostModel, score: float) -> float:
@@ -498,6 +533,7 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
                  on_progress)
         measure_time += time.monotonic() - t
     result = _recommend(tuner, measured, hand)
+    tuner.annotate(result_measured, result)
     result.objective, result.confirm_rounds = objective, confirm_rounds if measure > 0 else 0
     result.candidates_scored = len(tuner.scored)
     result.search_seconds = time.monotonic() - t0 - measure_time

@@ -1,0 +1,63 @@
+"""PyTorch Lightning: a ``DDPStrategy`` that trains by an autosync strategy file.
+
+    import pytorch_lightning as pl
+    from autosync.integrations.lightning import AutosyncDDPStrategy
+
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=AutosyncDDPStrategy("strategy.yaml"))
+    trainer.fit(model, loader)
+
+What it carries: ``fusion`` (DDP's ``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``), every
+plan and compressor (autosync's comm hook, registered by :func:`autosync.register` once Lightning has
+wrapped the model), ``ssp``, and the parameter averaging of ``local_sgd``, ``adaptive`` and ``selective``
+(the mode's torch ``ModelAverager``, run by Lightning's own post-step averaging, as for Lightning's
+``model_averaging_period``). Refused with one line when the strategy is built: ``sync: asp`` (no DDP at all)
+and ``optimizer_sharding: zero`` (use Lightning's own ZeRO strategies). ``ranks_per_host`` defaults to the
+number of devices per node.
+"""
+from __future__ import annotations
+
+import os
+
+from pytorch_lightning.strategies import DDPStrategy
+
+from autosync.strategy import Strategy, StrategyError, load_strategy
+
+
+class AutosyncDDPStrategy(DDPStrategy):
+    """Lightning's ``DDPStrategy`` with an autosync strategy (a :class:`~autosync.Strategy` or a file path);
+    other keyword arguments go to ``DDPStrategy`` (a ``bucket_cap_mb`` there would contradict the file: refused)."""
+
+    strategy_name = "autosync_ddp"
+
+    def __init__(self, strategy: Strategy | str | os.PathLike, ranks_per_host: int | None = None, **kwargs):
+        s = strategy if isinstance(strategy, Strategy) else load_strategy(strategy)
+        if s.sync.kind.asynchronous:
+            raise StrategyError(f"sync.mode: {s.sync.mode} trains without DDP; Lightning's DDPStrategy cannot "
+                                "carry it (use autosync.apply in a plain loop)")
+        if s.optimizer_sharding == "zero":
+            raise StrategyError("optimizer_sharding: zero is not carried by AutosyncDDPStrategy; use Lightning's "
+                                "DeepSpeed or FSDP strategy for sharded optimizer state")
+        clash = sorted({"bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "ddp_comm_hook",
+                        "ddp_comm_state", "ddp_comm_wrapper", "model_averaging_period"} & set(kwargs))
+        if clash:
+            raise StrategyError(f"AutosyncDDPStrategy: {clash[0]} comes from the strategy file; do not pass it")
+        from autosync.executor.apply import ddp_kwargs
+
+        super().__init__(**ddp_kwargs(s), **kwargs)
+        self.autosync_strategy = s
+        self.autosync_state = None
+        self._ranks_per_host = ranks_per_host
+
+    def _register_ddp_hooks(self) -> None:
+        from autosync.executor.apply import attach_hook
+
+        s = self.autosync_strategy
+        rph = self._ranks_per_host or len(self.parallel_devices or []) or None
+        state = attach_hook(self.model, s, ranks_per_host=rph)
+        self.autosync_state = state            # kept after teardown unwraps the model (``hook_calls``)
+        self._model_averager = s.sync.kind.averager(s.sync, state.pg)   # None for bsp and ssp
+
+    def teardown(self) -> None:
+        if self.autosync_state is not None:
+            self.autosync_state.close()
+        super().teardown()

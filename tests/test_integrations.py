@@ -1,0 +1,105 @@
+"""The frameworks that wrap the model in DDP themselves: Lightning, Accelerate, the Transformers Trainer.
+
+Each example script trains twice on 2 CPU processes (gloo): with the framework's own DDP and with a lossless
+strategy file whose plans run on autosync's worker path (ps, sharded_ps). The hook must have been called
+and the parameters must equal the plain run's to rounding; a lossy file (fp16 + local SGD) must change them
+(so the comparison can fail)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autosync.executor.launch import RankPool, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+LOSSLESS = """autosync: 1
+fusion: {bucket_cap_mb: 1}
+groups:
+  - {match: "*.weight", plan: ps}
+  - {match: "*", plan: sharded_ps, partitions: 2}
+"""
+LOSSY = """autosync: 1
+sync: {mode: local_sgd, period: 2, warmup_steps: 1}
+groups: [{match: "*", compressor: fp16}]
+"""
+
+
+def _run(tmp_path, script, strategy, name, launcher, workload, steps=4):
+    out = tmp_path / f"{name}.pt"
+    cmd = [*launcher, str(EXAMPLES / script), "--strategy", strategy, "--workload", workload, "--steps", str(steps),
+           "--save", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO),
+                               "TOKENIZERS_PARALLELISM": "false"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = int(proc.stdout.rsplit("autosync hook calls: ", 1)[1].split()[0])
+    return torch.load(out), calls
+
+
+def _torchrun():
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port())]
+
+
+FRAMEWORKS = [
+    ("lightning", "train_lightning.py", lambda: [sys.executable], "resnet-tiny"),
+    ("accelerate", "train_accelerate.py", _torchrun, "resnet-tiny"),
+    ("transformers", "train_hf_trainer.py", _torchrun, "gpt2-tiny"),
+]
+
+
+@pytest.mark.parametrize("framework, script, launcher, workload", FRAMEWORKS, ids=[f[0] for f in FRAMEWORKS])
+def test_a_framework_trains_by_a_strategy_file_and_a_lossless_one_matches_its_own_ddp(
+        tmp_path, framework, script, launcher, workload):
+    pytest.importorskip({"lightning": "pytorch_lightning", "accelerate": "accelerate",
+                         "transformers": "transformers"}[framework])
+    (tmp_path / "lossless.yaml").write_text(LOSSLESS)
+    (tmp_path / "lossy.yaml").write_text(LOSSY)
+    plain, none = _run(tmp_path, script, "ddp", "plain", launcher(), workload)
+    exact, calls = _run(tmp_path, script, "lossless.yaml", "exact", launcher(), workload)
+    lossy, lossy_calls = _run(tmp_path, script, "lossy.yaml", "lossy", launcher(), workload)
+    assert none == 0 and calls > 0 and lossy_calls > 0, (none, calls, lossy_calls)
+    for k in plain:
+        torch.testing.assert_close(exact[k], plain[k], rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
+    assert max(float((lossy[k] - plain[k]).abs().max()) for k in plain) > 1e-4, "a lossy file must change the result"
+
+
+def _register_refusals(ctx):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import autosync
+    from autosync.strategy import Strategy
+
+    model = torch.nn.Linear(4, 4)
+    out = []
+    for target, strategy, opt in ((model, Strategy.default(), None),
+                                  (DDP(model), Strategy.from_dict({"sync": "asp"}), None),
+                                  (DDP(model), Strategy.from_dict({"sync": {"mode": "local_sgd"}}), None)):
+        try:
+            autosync.register(target, strategy, opt)
+            out.append("accepted")
+        except autosync.UserError as e:
+            out.append(str(e))
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ddp = DDP(torch.nn.Linear(4, 4), bucket_cap_mb=25)
+        autosync.register(ddp, Strategy.from_dict({"fusion": {"bucket_cap_mb": 4}}))
+        autosync.release(ddp)
+    out.append(" ".join(str(w.message) for w in seen))
+    dist.barrier()
+    return out
+
+
+def test_register_refuses_what_it_cannot_carry_in_one_line_and_names_the_bucket_knobs():
+    with RankPool(1) as pool:
+        (lines,) = pool.run(_register_refusals)
+    assert "expected a torch DistributedDataParallel model, got Linear" in lines[0]
+    assert "sync mode asp trains without DDP; use autosync.apply" in lines[1]
+    assert "sync mode local_sgd wraps the optimizer; pass it" in lines[2]
+    assert "bucket_cap_mb=25 (the strategy says 4)" in lines[3] and "DistributedDataParallelKwargs" in lines[3]
