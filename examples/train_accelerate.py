@@ -23,6 +23,8 @@ def main() -> None:
     ap.add_argument("--workload", default="resnet-tiny", help="built-in workload to train")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--ranks-per-host", type=int, default=None,
+                    help="ranks per host for host-aware plans and local SGD (default: the processes on this machine)")
     ap.add_argument("--save", help="write the trained parameters here (main process; torch.save of the state dict)")
     args = ap.parse_args()
 
@@ -34,7 +36,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     model, optimizer = accelerator.prepare(model, optimizer)
     if strategy is not None:
-        optimizer = autosync.register(model, strategy, optimizer)      # the one autosync line
+        optimizer = autosync.register(model, strategy, optimizer, ranks_per_host=args.ranks_per_host)   # autosync
 
     gen = torch.Generator().manual_seed(1000 + accelerator.process_index)
     batch_size = workloads.default_batch_size(args.workload)

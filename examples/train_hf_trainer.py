@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--workload", default="gpt2-tiny", help="built-in workload to train")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--ranks-per-host", type=int, default=None,
+                    help="ranks per host for host-aware plans and local SGD (default: the processes on this machine)")
     ap.add_argument("--save", help="write the trained parameters here (rank 0; torch.save of the state dict)")
     args = ap.parse_args()
 
@@ -50,12 +52,13 @@ def main() -> None:
                               max_steps=args.steps, learning_rate=args.lr, optim="sgd", lr_scheduler_type="constant",
                               warmup_steps=0, weight_decay=0.0, logging_strategy="no", save_strategy="no",
                               report_to=[], use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
+                              remove_unused_columns=False, ddp_find_unused_parameters=False,
                               ddp_backend="gloo" if not torch.cuda.is_available() else None, seed=0, **extra)
     model = WithLoss(args.workload)
     trainer = Trainer(model=model, args=targs, train_dataset=samples)
     callback = None
     if args.strategy != "ddp":
-        callback = AutosyncCallback(trainer, args.strategy)              # the one autosync line
+        callback = AutosyncCallback(trainer, args.strategy, args.ranks_per_host)   # the one autosync line
         trainer.add_callback(callback)
     trainer.train()
     if trainer.is_world_process_zero():

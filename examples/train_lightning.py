@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=2, help="processes on this machine (CPU, gloo)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--ranks-per-host", type=int, default=None,
+                    help="ranks per host for host-aware plans and local SGD (default: the processes on this machine)")
     ap.add_argument("--save", help="write the trained parameters here (rank 0; torch.save of the state dict)")
     args = ap.parse_args()
 
@@ -62,7 +64,8 @@ def main() -> None:
     else:
         from autosync.integrations.lightning import AutosyncDDPStrategy
 
-        strategy = AutosyncDDPStrategy(args.strategy, process_group_backend="gloo")   # the one autosync line
+        strategy = AutosyncDDPStrategy(args.strategy, ranks_per_host=args.ranks_per_host,
+                                       process_group_backend="gloo")   # the one autosync line
     batch = workloads.default_batch_size(args.workload)
     loader = torch.utils.data.DataLoader(Batches(args.workload, batch * args.devices * args.steps), batch_size=batch)
     trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=args.steps,

@@ -11,7 +11,7 @@
 The Trainer wraps the model in DDP itself (through Accelerate) just before training starts; at
 ``on_train_begin`` the callback registers autosync's comm hook on that DDP (:func:`autosync.register`), and
 for ``local_sgd``, ``adaptive`` and ``selective`` runs the mode's parameter averager after every optimizer
-step (``on_step_end``), as torch's PostLocalSGDOptimizer would. DDP's bucket options must be given to
+step (``on_optimizer_step``), as torch's PostLocalSGDOptimizer would. DDP's bucket options must be given to
 ``TrainingArguments`` (``ddp_bucket_cap_mb``, ``ddp_static_graph``): :func:`training_arguments` gives them. Refused with one line: ``sync: asp`` and
 ``optimizer_sharding: zero``.
 """
@@ -70,7 +70,9 @@ class AutosyncCallback(TrainerCallback):
         self.state = attach_hook(model, self.strategy, ranks_per_host=self.ranks_per_host)
         self.averager = self.strategy.sync.kind.averager(self.strategy.sync, self.state.pg)
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        """After each optimizer step, before the gradients are zeroed (the averager skips parameters without
+        gradients), as torch's PostLocalSGDOptimizer does."""
         if self.averager is not None:
             self.averager.average_parameters(p for p in self.trainer.model.parameters() if p.requires_grad)
 
