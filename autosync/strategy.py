@@ -277,7 +277,7 @@ class Strategy:
         sync = self.sync.mode + (f"({', '.join(f'{k}={v}' for k, v in fields.items())})" if fields else "")
         counts: dict[str, int] = {}
         for g in self.groups:
-            name = g.plan + ("" if g.compressor.name == "none" else f"+{g.compressor.name}")
+            name = g.plan + ("" if registry.compressor(g.compressor.name).identity else f"+{g.compressor.name}")
             counts[name] = counts.get(name, 0) + 1
         plans = ", ".join(n + (f" x{c}" if c > 1 else "") for n, c in counts.items())
         zero = " | zero" if self.optimizer_sharding == "zero" else ""

@@ -58,7 +58,7 @@ def main() -> None:
     trainer = Trainer(model=model, args=targs, train_dataset=samples)
     callback = None
     if args.strategy != "ddp":
-        callback = AutosyncCallback(trainer, args.strategy, args.ranks_per_host)   # the one autosync line
+        callback = AutosyncCallback(trainer, args.strategy, args.ranks_per_host, module="net")   # the one autosync line
         trainer.add_callback(callback)
     trainer.train()
     if trainer.is_world_process_zero():

@@ -64,7 +64,7 @@ def main() -> None:
     else:
         from autosync.integrations.lightning import AutosyncDDPStrategy
 
-        strategy = AutosyncDDPStrategy(args.strategy, ranks_per_host=args.ranks_per_host,
+        strategy = AutosyncDDPStrategy(args.strategy, ranks_per_host=args.ranks_per_host, module="net",
                                        process_group_backend="gloo")   # the one autosync line
     batch = workloads.default_batch_size(args.workload)
     loader = torch.utils.data.DataLoader(Batches(args.workload, batch * args.devices * args.steps), batch_size=batch)

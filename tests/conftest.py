@@ -102,3 +102,30 @@ def store_with_profile():
         return store
 
     return make
+
+
+def cli(*argv, cwd=None):
+    """``autosync ARGV`` in this process (a bad command line fails before any work: no interpreter start-up,
+    no torch import per case); a CompletedProcess with its exit status and what it printed."""
+    import contextlib
+    import io
+    import os
+    import signal
+    import subprocess
+
+    from autosync.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    old_dir, old_term = os.getcwd(), signal.getsignal(signal.SIGTERM)
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in argv])
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(old_dir)
+        signal.signal(signal.SIGTERM, old_term)
+    return subprocess.CompletedProcess(["autosync", *argv], code, out.getvalue(), err.getvalue())

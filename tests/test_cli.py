@@ -1,9 +1,12 @@
-"""The `autosync` command as a user runs it: real subprocesses, exit codes, one-line errors."""
+"""The `autosync` command as a user runs it: real subprocesses, exit codes, one-line errors (bad input in this
+process: it fails before any work)."""
 import json
 import subprocess
 import sys
 
 import pytest
+
+from conftest import cli
 
 FAULTS = "tests/fixtures/faulty.py"
 
@@ -87,7 +90,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message, strategy_text
         path = tmp_path / "bad.yaml"
         path.write_text(strategy_text)
         args = [str(path) if a == "{bad}" else a for a in args]
-    out = autosync(*args, timeout=120)
+    out = cli(*args)
     assert out.returncode == 2, (out.stdout, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr

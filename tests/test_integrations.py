@@ -1,8 +1,8 @@
 """The frameworks that wrap the model in DDP themselves: Lightning, Accelerate, the Transformers Trainer.
 
-Each example script trains twice on 2 CPU processes (gloo): with the framework's own DDP and with a lossless
-strategy file whose plans run on autosync's worker path (ps, sharded_ps). The hook must have been called
-and the parameters must equal the plain run's to rounding; a lossy file (fp16 + local SGD) must change them
+Each example script trains on 2 CPU processes (gloo): with the framework's own DDP, and with a strategy file
+from `autosync tune --lossless --measure 0` for the workload (predicted; a real tuned file). The hook must have
+been called and the parameters must equal the plain run's to rounding; a lossy file (fp16 + local SGD) must change them
 (so the comparison can fail): local SGD with each process its own host (--ranks-per-host 1), whose averaging
 runs through each framework's own post-step path."""
 import os
@@ -17,12 +17,6 @@ from autosync.executor.launch import RankPool, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
-LOSSLESS = """autosync: 1
-fusion: {bucket_cap_mb: 1}
-groups:
-  - {match: "*.weight", plan: ps}
-  - {match: "*", plan: sharded_ps, partitions: 2}
-"""
 LOSSY = """autosync: 1
 sync: {mode: local_sgd, period: 2, warmup_steps: 0}
 """
@@ -40,6 +34,24 @@ def _run(tmp_path, script, strategy, name, launcher, workload, steps=4, *extra):
     return torch.load(out), calls
 
 
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """A tuned lossless strategy file per workload (the cost model's pick for a 2-host 1 gbit cluster)."""
+    made = {}
+
+    def get(workload):
+        if workload not in made:
+            d = tmp_path_factory.mktemp(f"tuned-{workload}")
+            out = subprocess.run([sys.executable, "-m", "autosync.cli", "tune", "--workload", workload, "--cluster",
+                                  "2x1@1gbit", "--measure", "0", "--lossless", "--out", "s.yaml", "--data", "d",
+                                  "--storage", f"sqlite:///{d}/t.db"], cwd=d, capture_output=True, text=True,
+                                 timeout=300)
+            assert out.returncode == 0, out.stderr[-2000:]
+            made[workload] = d / "s.yaml"
+        return made[workload]
+    return get
+
+
 def _torchrun():
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port())]
 
@@ -53,13 +65,12 @@ FRAMEWORKS = [
 
 @pytest.mark.parametrize("framework, script, launcher, workload", FRAMEWORKS, ids=[f[0] for f in FRAMEWORKS])
 def test_a_framework_trains_by_a_strategy_file_and_a_lossless_one_matches_its_own_ddp(
-        tmp_path, framework, script, launcher, workload):
+        tmp_path, tuned, framework, script, launcher, workload):
     pytest.importorskip({"lightning": "pytorch_lightning", "accelerate": "accelerate",
                          "transformers": "transformers"}[framework])
-    (tmp_path / "lossless.yaml").write_text(LOSSLESS)
     (tmp_path / "lossy.yaml").write_text(LOSSY)
     plain, none = _run(tmp_path, script, "ddp", "plain", launcher(), workload)
-    exact, calls = _run(tmp_path, script, "lossless.yaml", "exact", launcher(), workload)
+    exact, calls = _run(tmp_path, script, str(tuned(workload)), "exact", launcher(), workload)
     lossy, lossy_calls = _run(tmp_path, script, "lossy.yaml", "lossy", launcher(), workload, 4, "--ranks-per-host", "1")
     assert none == 0 and calls > 0 and lossy_calls > 0, (none, calls, lossy_calls)
     for k in plain:

@@ -13,6 +13,7 @@ import pytest
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import can_emulate
 from autosync.executor.launch import free_port
+from conftest import cli
 
 SMALL = str(Path(__file__).parent / "fixtures" / "small.py") + ":build"     # 17k parameters: fast trials
 
@@ -145,7 +146,7 @@ BAD = [
 
 @pytest.mark.parametrize("args, message", BAD, ids=[b[1][:30] for b in BAD])
 def test_tune_bad_input_is_one_line_exit_2(tmp_path, args, message):
-    out = autosync("tune", *args, "--out", str(tmp_path / "s.yaml"), "--data", str(tmp_path / "d"), timeout=120)
+    out = cli("tune", *args, "--out", str(tmp_path / "s.yaml"), "--data", str(tmp_path / "d"))
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
@@ -181,6 +182,12 @@ def test_time_to_loss_measures_the_efficiency_of_lossy_finalists_before_picking(
     assert (eff.lossy_key == "lossless").sum() == 2, "two reference seeds give the noise band"
     lossy = eff[eff.lossy_key != "lossless"]
     assert len(lossy) >= 1 and (lossy.status == "ok").all(), lossy[["status", "reason"]]
+    study = optuna.load_study(study_name=optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/t.db")[0].study_name,
+                              storage=f"sqlite:///{tmp_path}/t.db")   # what Optuna's dashboard shows
+    assert study.metric_names == ["samples/s"] and study.user_attrs["objective"] == "time-to-loss"
+    assert study.user_attrs["pick"]["hash"] in text and study.user_attrs["efficiency"]
+    done = [t for t in study.trials if t.user_attrs.get("kind") == "measured" and t.state.is_finished()]
+    assert done and all({"summary", "yaml", "speedup", "status", "lossless"} <= set(t.user_attrs) for t in done)
     report = (tmp_path / "s.html").read_text()      # the report beside the strategy file, self-contained
     assert "Every measured strategy" in report and "src='data:image/png;base64," in report and "http" not in report
     assert report.count("data:image/png") == 2, "predicted-vs-measured and loss-against-time plots"

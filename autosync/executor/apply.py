@@ -105,12 +105,13 @@ def fusion_mismatch(ddp: DDP, strategy: Strategy) -> str | None:
 
 
 def register(ddp_model: DDP, strategy: Strategy | str | os.PathLike, optimizer=None, process_group=None,
-             ranks_per_host: int | None = None, **hook_options):
+             ranks_per_host: int | None = None, module=None, **hook_options):
     """Apply ``strategy`` to a model some framework already wrapped in DDP; returns ``optimizer``, wrapped as the
     strategy's sync mode needs (None when none was given and none is needed).
 
     For Lightning, Accelerate and the Transformers ``Trainer``, which build the DDP themselves. Call on every rank,
-    after the wrapping and before the first backward. The comm hook and its state are registered on
+    after the wrapping and before the first backward. ``module``: where the tuned model sits inside the wrapped
+    one, when parameter names differ by a prefix (:func:`tuned_module`). The comm hook and its state are registered on
     ``ddp_model`` (``ddp_model.autosync_state``; :func:`release` frees it). DDP's bucket options cannot change
     after wrapping: when they differ from the strategy's ``fusion`` a warning names the framework knobs that set
     them (:data:`BUCKET_KNOBS`); the hook still runs, only the bucket layout differs. Refused with one line:
@@ -141,15 +142,40 @@ def register(ddp_model: DDP, strategy: Strategy | str | os.PathLike, optimizer=N
     if mismatch:
         warnings.warn(f"autosync.register: the model was wrapped with {mismatch}; set it where the model is "
                       f"wrapped: {BUCKET_KNOBS}", stacklevel=2)
-    state = attach_hook(ddp_model, strategy, process_group, ranks_per_host, **hook_options)
+    state = attach_hook(ddp_model, strategy, process_group, ranks_per_host, module, **hook_options)
     return None if optimizer is None else _wrap_optimizer(optimizer, ddp_model.module, strategy, state.pg, state)
 
 
+def tuned_module(ddp_model: DDP, module=None) -> torch.nn.Module:
+    """The module whose parameter names the strategy uses: ``ddp_model.module``, or its submodule ``module`` (an
+    attribute path such as ``"net"``, or the module itself) when a framework's wrapper (a LightningModule, a
+    Trainer's model with a loss) holds the model that was tuned. Every trainable parameter must be inside it."""
+    from autosync.validation import StrategyError
+
+    root = ddp_model.module
+    if module is None:
+        return root
+    sub = module
+    if isinstance(module, str):
+        sub = root
+        for part in module.split("."):
+            if not hasattr(sub, part):
+                raise StrategyError(f"module {module!r}: {type(root).__name__} has no attribute path {module!r}")
+            sub = getattr(sub, part)
+    inside = {id(p) for p in sub.parameters()}
+    outside = [n for n, p in root.named_parameters() if p.requires_grad and id(p) not in inside]
+    if outside:
+        raise StrategyError(f"module {module!r}: the trainable parameter {outside[0]!r} is outside it; the strategy "
+                            "must cover every parameter DDP synchronizes")
+    return sub
+
+
 def attach_hook(ddp_model: DDP, strategy: Strategy, process_group=None, ranks_per_host: int | None = None,
-                **hook_options) -> SyncState:
-    """Build the strategy's :class:`SyncState` for an existing DDP and register autosync's comm hook on it."""
+                module=None, **hook_options) -> SyncState:
+    """Build the strategy's :class:`SyncState` for an existing DDP and register autosync's comm hook on it
+    (parameter names resolved in :func:`tuned_module`)."""
     pg = process_group if process_group is not None else ddp_model.process_group
-    model = ddp_model.module
+    model = tuned_module(ddp_model, module)
     state = SyncState(model, strategy, pg, _ranks_per_host(ranks_per_host), embedding_parameter_names(model),
                       **hook_options)
     ddp_model.register_comm_hook(state, autosync_hook)

@@ -25,11 +25,14 @@ from autosync.strategy import Strategy, StrategyError, load_strategy
 
 class AutosyncDDPStrategy(DDPStrategy):
     """Lightning's ``DDPStrategy`` with an autosync strategy (a :class:`~autosync.Strategy` or a file path);
-    other keyword arguments go to ``DDPStrategy`` (a ``bucket_cap_mb`` there would contradict the file: refused)."""
+    ``module``: the attribute of the LightningModule that holds the model that was tuned (``"net"``), so that the
+    file's parameter names match; other keyword arguments go to ``DDPStrategy`` (a ``bucket_cap_mb`` there would
+    contradict the file: refused)."""
 
     strategy_name = "autosync_ddp"
 
-    def __init__(self, strategy: Strategy | str | os.PathLike, ranks_per_host: int | None = None, **kwargs):
+    def __init__(self, strategy: Strategy | str | os.PathLike, ranks_per_host: int | None = None, module=None,
+                 **kwargs):
         s = strategy if isinstance(strategy, Strategy) else load_strategy(strategy)
         if s.sync.kind.asynchronous:
             raise StrategyError(f"sync.mode: {s.sync.mode} trains without DDP; Lightning's DDPStrategy cannot "
@@ -47,13 +50,14 @@ class AutosyncDDPStrategy(DDPStrategy):
         self.autosync_strategy = s
         self.autosync_state = None
         self._ranks_per_host = ranks_per_host
+        self._module = module
 
     def _register_ddp_hooks(self) -> None:
         from autosync.executor.apply import attach_hook
 
         s = self.autosync_strategy
         rph = self._ranks_per_host or len(self.parallel_devices or []) or None
-        state = attach_hook(self.model, s, ranks_per_host=rph)
+        state = attach_hook(self.model, s, ranks_per_host=rph, module=self._module)
         self.autosync_state = state            # kept after teardown unwraps the model (``hook_calls``)
         self._model_averager = s.sync.kind.averager(s.sync, state.pg)   # None for bsp and ssp
 

@@ -43,10 +43,12 @@ def training_arguments(strategy: Strategy | str | os.PathLike) -> dict:
 
 
 class AutosyncCallback(TrainerCallback):
-    """Registers autosync's comm hook on the Trainer's DDP model when training begins; runs local SGD's averager."""
+    """Registers autosync's comm hook on the Trainer's DDP model when training begins; runs local SGD's averager.
+    ``module``: the attribute of the Trainer's model that holds the model that was tuned, when names differ."""
 
-    def __init__(self, trainer, strategy: Strategy | str | os.PathLike, ranks_per_host: int | None = None):
-        self.trainer = trainer
+    def __init__(self, trainer, strategy: Strategy | str | os.PathLike, ranks_per_host: int | None = None,
+                 module=None):
+        self.trainer, self.module = trainer, module
         self.strategy = _load(strategy)
         self.ranks_per_host = ranks_per_host
         self.state = None
@@ -67,7 +69,7 @@ class AutosyncCallback(TrainerCallback):
         if mismatch:
             warnings.warn(f"AutosyncCallback: the Trainer wrapped the model with {mismatch}; pass "
                           f"TrainingArguments(**training_arguments(strategy))", stacklevel=2)
-        self.state = attach_hook(model, self.strategy, ranks_per_host=self.ranks_per_host)
+        self.state = attach_hook(model, self.strategy, ranks_per_host=self.ranks_per_host, module=self.module)
         self.averager = self.strategy.sync.kind.averager(self.strategy.sync, self.state.pg)
 
     def on_optimizer_step(self, args, state, control, **kwargs):

@@ -8,6 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import cli
+
 from autosync.cluster import parse_cluster
 from autosync.context import Context
 from autosync.datasets.schema import COLUMNS, SCHEMA
@@ -90,8 +92,7 @@ CASES = [
 @pytest.mark.parametrize("what, make, argv, message", CASES, ids=[c[0] for c in CASES])
 def test_a_bad_file_is_one_line_naming_it_and_exit_2(what, make, argv, message, tmp_path):
     path = make(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "autosync.cli", *argv], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=120)
+    out = cli(*argv, cwd=tmp_path)         # in this process: what a bad file does is checked before any work
     assert out.returncode == 2, (out.stdout, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and path.name in lines[0], out.stderr

@@ -4,6 +4,8 @@ import sys
 
 import pytest
 
+from conftest import cli
+
 F = "tests/fixtures/faulty.py"
 CASES = [
     # (argv, expected text in the one line)
@@ -79,10 +81,19 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("argv, message", CASES, ids=[" ".join(c[0])[:60] or "<none>" for c in CASES])
-def test_bad_command_line(argv, message, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "autosync.cli", *argv], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path if argv[:1] in (["tune"], ["collect"]) else None)
+#: run as real processes too (the rest in this process: the same code path, without an interpreter start each)
+AS_PROCESS = {0, 26, 47}
+
+
+@pytest.mark.parametrize("i, argv, message", [(i, *c) for i, c in enumerate(CASES)],
+                         ids=[" ".join(c[0])[:60] or "<none>" for c in CASES])
+def test_bad_command_line(i, argv, message, tmp_path):
+    cwd = tmp_path if argv[:1] in (["tune"], ["collect"]) else None
+    if i in AS_PROCESS:
+        out = subprocess.run([sys.executable, "-m", "autosync.cli", *argv], capture_output=True, text=True,
+                             timeout=120, cwd=cwd)
+    else:
+        out = cli(*argv, cwd=cwd)
     assert out.returncode == 2, (out.stdout, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr
