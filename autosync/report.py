@@ -77,7 +77,7 @@ def loss_curves(result: TuneResult, profile, store) -> list[dict]:
         curve = json.loads(row["curve"])
         step_s = batch * c.world_size / m.confirmed_samples_per_s
         out.append({"label": label, "lossy": m.lossy, "seconds": [s * step_s for s in curve["steps"]],
-                    "loss": curve["eval_loss"], "step_s": step_s})
+                    "loss": curve["eval_loss"], "step_s": step_s, "target": row.get("target_loss")})
     return out
 
 
@@ -93,6 +93,12 @@ def _curves_png(curves: list[dict]) -> str | None:
     for c in curves:
         ax.plot(c["seconds"], c["loss"], marker="o", ms=3, lw=1.4,
                 label=f"{c['label']}{' (LOSSY)' if c['lossy'] else ''}, {c['step_s'] * 1e3:.0f} ms/step")
+    goal = next((c["target"] for c in curves if c.get("target") is not None and math.isfinite(c["target"])), None)
+    if goal is not None:
+        ax.axhline(goal, color="grey", ls="--", lw=0.8, label=f"target loss L* = {goal:.3g}")
+    losses = [v for c in curves for v in c["loss"] if v > 0]
+    if losses and max(losses) / min(losses) > 20:
+        ax.set_yscale("log")
     ax.set_xlabel("wall-clock seconds of training (measured step time x steps)")
     ax.set_ylabel("held-out loss (efficiency protocol, loopback)")
     ax.set_title("loss against time: derived from stored curves")
