@@ -400,7 +400,11 @@ def _describe_study(study: optuna.Study, profile: Profile, objective: str, lossl
             if study.user_attrs.get(k) != v:
                 study.set_user_attr(k, v)
         if study.metric_names != ["samples/s"]:
-            study.set_metric_names(["samples/s"])
+            import warnings
+
+            with warnings.catch_warnings():      # experimental in Optuna 3.x and 4.x; what the dashboard reads
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names(["samples/s"])
     except Exception:  # noqa: BLE001 - labels only: a worker racing another on the same attribute is harmless
         pass
 
