@@ -124,6 +124,13 @@ class SyncState:
         self._in_flight: deque = deque()         # per step: [(future, {param id: (offset, numel)}), ...]
         self._layouts: dict[tuple[int, ...], dict[int, tuple[int, int]]] = {}
 
+    def subgroup(self, ranks: list[int]):
+        """A new process subgroup of global ``ranks``, destroyed at :meth:`close` (every rank must call this for
+        every subgroup, in the same order)."""
+        group = dist.new_group(ranks)
+        self._subgroups.append(group)
+        return group
+
     def global_rank(self, group_rank: int) -> int:
         """The global rank of ``group_rank`` of this state's process group."""
         return dist.get_global_rank(self.pg, group_rank) if self.pg is not dist.group.WORLD else group_rank

@@ -14,7 +14,8 @@ iterate over the registry (:mod:`autosync.plans`) and never switch on a name. En
 torch only inside their hook bodies, so the CLI and the cost model load without it.
 
 The hook-side ``comm`` argument is the executor's ``SyncState``: ``pg``, ``world``,
-``rank``, ``ranks_per_host``, ``intra_group``, ``leader_group``, ``mode_state``, ``global_rank(r)``. The
+``rank``, ``ranks_per_host``, ``intra_group``, ``leader_group``, ``mode_state``, ``global_rank(r)``,
+``subgroup(ranks)``. The
 simulator-side ``sim`` argument offers ``t(collective, nbytes, scope)``, ``alpha(collective)``,
 ``world``, ``nodes``, ``ranks_per_node``, ``paths`` (host-to-host bandwidths, bit/s) and ``flop_rate``.
 """
@@ -186,8 +187,8 @@ class SyncModeDef(Entry):
         return True
 
     def make_state(self, comm, sync) -> Any:
-        """Per-job state (``comm.mode_state``), built on every rank in the same order; subgroups it creates go to
-        ``comm._subgroups`` (destroyed at close)."""
+        """Per-job state (``comm.mode_state``), built on every rank in the same order; its process subgroups come
+        from ``comm.subgroup(ranks)`` (destroyed at close)."""
         return None
 
     def steps_per_round(self, sync) -> int:

@@ -195,8 +195,7 @@ class Selective(LocalSGD):
             members = [ranks[h * comm.ranks_per_host + r] for h in island for r in range(comm.ranks_per_host)]
             if len(members) == 1:
                 continue
-            group = dist.new_group(members)
-            comm._subgroups.append(group)
+            group = comm.subgroup(members)
             if comm.rank // comm.ranks_per_host in island:
                 mine = (group, len(members))
         return mine
