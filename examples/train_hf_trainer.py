@@ -40,15 +40,20 @@ def main() -> None:
     ap.add_argument("--save", help="write the trained parameters here (rank 0; torch.save of the state dict)")
     args = ap.parse_args()
 
-    from autosync.integrations.transformers import AutosyncCallback, training_arguments
-
     batch = workloads.default_batch_size(args.workload)
     world = int(os.environ.get("WORLD_SIZE", 1))
     _, make_batch = workloads.build(args.workload)
     data = make_batch(batch * world * args.steps, torch.Generator().manual_seed(1234))
     samples = [{k: v[i] for k, v in data.items()} for i in range(batch * world * args.steps)]
+    with tempfile.TemporaryDirectory(prefix="autosync-trainer-") as out_dir:   # the Trainer's output_dir: gone at exit
+        train(args, samples, batch, world, out_dir)
+
+
+def train(args, samples, batch, world, out_dir) -> None:
+    from autosync.integrations.transformers import AutosyncCallback, training_arguments
+
     extra = training_arguments(args.strategy) if args.strategy != "ddp" else {}
-    targs = TrainingArguments(tempfile.mkdtemp(prefix="autosync-trainer-"), per_device_train_batch_size=batch,
+    targs = TrainingArguments(out_dir, per_device_train_batch_size=batch,
                               max_steps=args.steps, learning_rate=args.lr, optim="sgd", lr_scheduler_type="constant",
                               warmup_steps=0, weight_decay=0.0, logging_strategy="no", save_strategy="no",
                               report_to=[], use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
