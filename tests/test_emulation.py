@@ -143,7 +143,7 @@ def _cmdline(pid):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read()
-    except FileNotFoundError:  # a short-lived child (ip, tc) that ended after ps listed it
+    except OSError:  # a short-lived child (ip, tc) that ended after ps listed it: ENOENT, or ESRCH mid-read
         return b""
 
 
@@ -156,6 +156,18 @@ def _wait_for_ranks(proc, n=2, limit=60):
             return ranks
         time.sleep(0.2)
     raise AssertionError("ranks did not start")
+
+
+def _stop(proc):
+    """End the CLI the way a user would (SIGTERM lets it take down its namespaces), SIGKILL only if it hangs: a
+    failing assertion must not turn into namespaces left behind for every later test."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _gone(pids):
@@ -177,7 +189,7 @@ def test_interrupting_a_running_trial_leaves_nothing(sig):
         proc.send_signal(sig)
         proc.wait(timeout=30)
     finally:
-        proc.kill()
+        _stop(proc)
     assert proc.returncode == 130, proc.stderr.read()
     time.sleep(0.5)
     assert _gone(ranks)
@@ -198,7 +210,7 @@ def test_a_killed_rank_fails_the_trial_and_leaves_nothing(sync, tmp_path):
         os.kill(ranks[-1], signal.SIGKILL)
         out, err = proc.communicate(timeout=60)
     finally:
-        proc.kill()
+        _stop(proc)
     assert proc.returncode == 1, err
     assert '"status": "failed"' in out and "SIGKILL" in out
     assert _gone(ranks)
