@@ -105,14 +105,17 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
              model_path: str | Path | None = None, seed: int = 0, candidates: int = 500,
              settings=None, on_measured=None, status=None, profile_path: str | Path | None = None,
              unshaped: bool = False, objective: str | None = None, confirm_rounds: int = 3, finalists: int = 3,
-             pool=None, beyond_range: bool = False):
+             pool=None, beyond_range: bool = False, zero_shot: str = "lower"):
     """Tune ``workload`` on ``cluster``; ``profile_path`` (from `autosync profile`) replaces profiling.
 
     ``objective``: ``time-to-loss`` (default; ``lossless`` when ``lossless``), ``throughput`` or ``lossless``
     (see :func:`autosync.search.tuner.tune`). ``pool``: the job's own ranks (:func:`job`, in-job mode; call on
     rank 0): profile, trials and efficiency runs happen there instead of on the emulated ``cluster``, which then
     only names the job's shape and nominal links. Measuring an emulated cluster beyond this machine's faithful
-    range (:mod:`autosync.executor.fidelity`) is refused unless ``beyond_range``. Returns ``(TuneResult, Profile)``.
+    range (:mod:`autosync.executor.fidelity`) is refused unless ``beyond_range``. With the shipped cost model, its
+    calibrated intervals (:mod:`autosync.models.uncertainty`) rank the measured rounds by expected improvement
+    and, with ``measure=0``, pick by the ``zero_shot`` rule (``lower`` bound or ``point`` estimate). Returns
+    ``(TuneResult, Profile)``.
     """
     from autosync.efficiency import EfficiencyMeter
     from autosync.models.efficiency_model import EfficiencyModel, fit_store
@@ -142,8 +145,12 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
         meter = EfficiencyMeter(store, workload, batch, cluster.world_size, cluster.ranks_per_node,
                                 also=[shipped] if shipped else [], progress=status, pool=pool)
     noise = meter.noise_scale() if meter else float("nan")
+    from autosync.models import uncertainty
+
+    card = uncertainty.load_card() if model_path is None and base is not None else None
     extra = dict(objective=objective, efficiency_model=eff_model, noise_scale=noise, meter=meter,
-                 confirm_rounds=confirm_rounds, finalists=finalists, on_progress=status)
+                 confirm_rounds=confirm_rounds, finalists=finalists, on_progress=status, intervals_card=card,
+                 zero_shot=zero_shot)
     if measure == 0 and pool is None:
         if status and given is None:
             status("profiling the model (nominal network)")

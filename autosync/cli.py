@@ -547,7 +547,11 @@ def _add_tune(sub) -> None:
                    help="where measurements are appended (default ./autosync-data)")
     p.add_argument("--batch-size", type=_positive_int, default=None, help="per-rank batch size (default: the workload's)")
     p.add_argument("--candidates", type=_positive_int, default=500, help="candidates scored in the first round (default 500)")
-    p.add_argument("--cost-model", metavar="DIR", default=None, help="a model from `autosync train` (default: shipped)")
+    p.add_argument("--cost-model", metavar="DIR", default=None,
+                   help="a model from `autosync train` (default: the shipped one, with calibrated 80%% intervals)")
+    p.add_argument("--zero-shot", choices=["lower", "point"], default="lower",
+                   help="with --measure 0, pick by the lower bound of the predicted 80%% interval (default: robust "
+                        "to a confident wrong prediction) or by the point estimate")
     p.add_argument("--timeout", type=_positive_float, default=90.0,
                    help="time limit of each measured trial; all its ranks are killed past it (default 90 s)")
     p.add_argument("--profile", metavar="FILE", default=None,
@@ -576,7 +580,7 @@ def _cmd_tune(args) -> int:
     from autosync.api import resolve_workload, run_tune
     from autosync.outputs import check_output
     from autosync.search.trials import TrialSettings
-    from autosync.search.tuner import measured_rows, plot_predicted_vs_measured, strategy_file_text
+    from autosync.search.tuner import measured_rows, plot_predicted_vs_measured, strategy_file_text, uncertainty_lines
 
     check_output(args.out, "strategy file")
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
@@ -598,7 +602,7 @@ def _cmd_tune(args) -> int:
                                    on_measured=on_measured, status=lambda text: status.update(text),
                                    profile_path=args.profile, settings=TrialSettings(timeout_s=args.timeout),
                                    unshaped=args.unshaped, objective=objective, confirm_rounds=args.confirm_rounds,
-                                   pool=args.pool, beyond_range=args.beyond_range)
+                                   pool=args.pool, beyond_range=args.beyond_range, zero_shot=args.zero_shot)
     Path(args.out).write_text(strategy_file_text(result, profile))
     console = _console()
     if result.measured:
@@ -612,6 +616,8 @@ def _cmd_tune(args) -> int:
             table.add_column(col, justify="right")
         for r in rows:
             pred = "-" if math.isnan(r["predicted_speedup"]) else f"{r['predicted_speedup']:.2f}x"
+            if r["predicted_interval"] and pred != "-":
+                pred += " [{:.2f}-{:.2f}]".format(*r["predicted_interval"])
             tt = ("-" if r["time_speedup"] is None else "never" if r["time_speedup"] == 0 else
                   f"{r['time_speedup']:.2f}x" + (" pred." if r["time_speedup_predicted"] else ""))
             cells = [r["source"], r["hash"][:8], "yes" if r["lossy"] == "lossy" else "no", pred, r["status"],
@@ -628,7 +634,7 @@ def _cmd_tune(args) -> int:
     data = DatasetStore(args.data, create=False) if Path(args.data).is_dir() else None
     write_report(result, profile, report_path, data)
     console.print(f"report -> {report_path}")
-    summary = f"recommended: {result.source} ({result.strategy.hash}, {'LOSSY' if result.pick and result.pick.lossy else 'lossless'})"
+    summary = f"recommended: {result.source} ({result.strategy.hash}, {'lossless' if result.strategy.is_lossless else 'LOSSY'})"
     if result.speedup_over_default:
         summary += f", {result.speedup_over_default:.2f}x the DDP default per step"
         tt = result.time_speedup(result.pick) if result.pick else None
@@ -639,6 +645,8 @@ def _cmd_tune(args) -> int:
     if not math.isnan(result.predicted_speedup):
         summary += f"; predicted {result.predicted_speedup:.2f}x"
     console.print(summary, markup=False)
+    for line in uncertainty_lines(result):
+        console.print(line, markup=False)
     if result.why:
         console.print(f"why not the fastest per step: {result.why}", markup=False)
     if result.note:

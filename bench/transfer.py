@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from autosync.datasets.store import DatasetStore
-from autosync.models import efficiency_model, training, transfer
+from autosync.models import efficiency_model, training, transfer, uncertainty
 from _results import RESULTS, write as write_result
 
 
@@ -30,9 +30,38 @@ def main() -> None:
     lines = [f"# Cost-model transfer to held-out groups ({len(data.frame)} trials, "
              f"{data.frame.context_id.nunique()} contexts)", report.to_markdown(), "",
              "Medians over held-out groups of the per-context figures; plot: transfer.png.", ""]
+    lines += interval_lines(uncertainty.write_card(data, seed=args.seed))
     lines += efficiency_lines(efficiency_model.write_card(store, seed=args.seed))
     write_result(RESULTS / "transfer.md", lines)
     print("\n".join(lines))
+
+
+def interval_lines(card: dict) -> list[str]:
+    ev = card["held_out_workload"]
+    names = {"normalized": "normalized conformal (fold spread) - shipped", "constant": "constant-width conformal",
+             "quantile": "LightGBM quantile 0.1/0.9", "gaussian": "fold ensemble as Gaussian (uncalibrated)"}
+    out = [f"## Intervals of the regressor, leave one workload out ({ev['rows']} successful rows, nested "
+           f"calibration)", "",
+           f"Nominal level {ev['level']:.0%}; width = upper / lower bound as speedups (median over rows); above = "
+           "share of rows measured above the interval. Shipped: q = "
+           f"{card['q']:.2f} (normalized), calibrated on all {len(ev['workloads'])} workloads.", "",
+           "| method | coverage | median width | above | " + " | ".join(ev["workloads"]) + " |",
+           "|---|---:|---:|---:|" + "---:|" * len(ev["workloads"])]
+    for method, m in ev["methods"].items():
+        out.append(f"| {names[method]} | {m['coverage']:.3f} | {m['median_width']:.2f}x | {m['share_above']:.1%} | "
+                   + " | ".join(f"{m['per_workload'][w]['coverage']:.2f}" for w in ev["workloads"]) + " |")
+    z = ev["zero_shot_offline"]
+    out += ["", f"Zero-shot pick among each held-out context's measured strategies ({z['contexts']} contexts; measured "
+            "speedup of the pick / the context's best):", "",
+            "| rule | median | mean | worst |", "|---|---:|---:|---:|",
+            f"| point estimate | {z['point']['median']:.3f} | {z['point']['mean']:.3f} | {z['point']['worst']:.3f} |",
+            f"| lower bound of the 80% interval | {z['lower']['median']:.3f} | {z['lower']['mean']:.3f} | "
+            f"{z['lower']['worst']:.3f} |", "",
+            "Out-of-distribution distance (standardized context features, nearest context of another workload, "
+            "per held-out workload): " + ", ".join(f"{w} {d:.2f}" for w, d in card["reference"]["held_out_distance"]
+                                                   .items()) + f"; flagged beyond {card['reference']['ood_distance']:.2f}.",
+            ""]
+    return out
 
 
 def efficiency_lines(card: dict) -> list[str]:

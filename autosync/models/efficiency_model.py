@@ -83,13 +83,17 @@ def training_rows(store) -> tuple[pd.DataFrame, np.ndarray]:
 class EfficiencyModel:
     """LightGBM on measured efficiencies; with fewer than ``min_rows`` rows it predicts 1.0 for every lossy
     strategy: optimistic on purpose, so that lossy candidates reach the finalists, whose efficiency the tuner
-    then measures before it may recommend one (a mean of a handful of rows would be noise)."""
+    then measures before it may recommend one (a mean of a handful of rows would be noise).
+
+    ``interval_q``: the half-width of its 80% interval, the conformal quantile of its leave-one-workload-out
+    absolute errors (from the card, :func:`evaluate`); nan = no interval (the bounds are the prediction)."""
 
     booster: object = None
     prior: float = 1.0
     rows: int = 0
     card: dict = field(default_factory=dict)
     min_rows: int = 8
+    interval_q: float = float("nan")
 
     def fit(self, X: np.ndarray, y: np.ndarray, seed: int = 0) -> "EfficiencyModel":
         import lightgbm as lgb
@@ -122,9 +126,25 @@ class EfficiencyModel:
         return out
 
 
+    def bounds(self, profile, strategies: list[Strategy], noise_scale: float) -> tuple[np.ndarray, ...]:
+        """(efficiency, lo, hi) per strategy: the prediction -+ ``interval_q``, within [0, 1.25]; 1 for lossless."""
+        eff = self.score(profile, strategies, noise_scale)
+        if math.isnan(self.interval_q):
+            return eff, eff, eff
+        lossy = np.array([not s.is_lossless for s in strategies])
+        lo = np.where(lossy, np.clip(eff - self.interval_q, *CLIP), eff)
+        hi = np.where(lossy, np.clip(eff + self.interval_q, *CLIP), eff)
+        return eff, lo, hi
+
+
 def fit_store(store, seed: int = 0) -> EfficiencyModel:
     frame, X = training_rows(store)
-    return EfficiencyModel().fit(X, frame.efficiency.to_numpy(), seed)
+    model = EfficiencyModel().fit(X, frame.efficiency.to_numpy(), seed)
+    try:
+        model.interval_q = float(json.loads(CARD.read_text())["held_out_workload"]["interval_q"])
+    except (OSError, KeyError, TypeError, ValueError):
+        pass
+    return model
 
 
 def evaluate(store, seed: int = 0) -> dict:
@@ -142,9 +162,13 @@ def evaluate(store, seed: int = 0) -> dict:
         per[w] = {"rows": int(test.sum()), "mae": float(np.abs(preds[test] - y[test]).mean()),
                   "mae_mean_baseline": float(np.abs(means[test] - y[test]).mean())}
     rho = spearmanr(preds, y).statistic if len(y) > 2 and np.std(y) > 0 and np.std(preds) > 0 else float("nan")
+    from autosync.models.uncertainty import LEVEL, conformal_quantile
+
+    q = conformal_quantile(np.abs(preds - y), LEVEL) if len(y) else float("inf")
     return {"rows": int(len(y)), "workloads": len(per), "mae": float(np.abs(preds - y).mean()) if len(y) else None,
             "mae_mean_baseline": float(np.abs(means - y).mean()) if len(y) else None,
             "spearman": None if rho != rho else float(rho), "per_workload": per,
+            "interval_q": q if math.isfinite(q) else None,
             "measured_efficiency": {"min": float(y.min()) if len(y) else None,
                                     "median": float(np.median(y)) if len(y) else None,
                                     "share_below_0.95": float((y < 0.95).mean()) if len(y) else None}}

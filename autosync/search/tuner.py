@@ -52,8 +52,8 @@ from autosync.datasets.store import DatasetStore
 from autosync.errors import UserError
 from autosync.executor.emulate import pid_alive
 from autosync.executor.launch import RankPool
-from autosync.models import training
-from autosync.models.features import featurize
+from autosync.models import training, uncertainty
+from autosync.models.features import feature_matrix, featurize
 from autosync.models.ranker import CostModel
 from autosync.profiler import Profile
 from autosync.search.baselines import baselines
@@ -78,6 +78,7 @@ class Measured:
     efficiency_hi: float = 1.0
     efficiency_source: str = "lossless"   # lossless | measured | predicted | flat (reference too flat) | failed
     repeats: list[float] = field(default_factory=list)   # samples/s of the interleaved confirmation rounds
+    predicted_interval: tuple[float, float] | None = None  # the cost model's 80% interval (speedups), when it has one
 
     @property
     def lossy(self) -> bool:
@@ -124,6 +125,12 @@ class TuneResult:
     objective: str = "throughput"
     why: str = ""                      # one line when the fastest-per-step strategy is not the pick
     confirm_rounds: int = 0
+    interval: tuple[float, float] | None = None   # the pick's predicted interval (speedups; goodput for time-to-loss)
+    level: float = uncertainty.LEVEL
+    rule: str = ""                     # --measure 0: "lower bound" or "point estimate"
+    point_best: tuple | None = None    # --measure 0 by lower bound: (strategy, predicted, (lo, hi)) of the point-best
+    nearest: list = field(default_factory=list)   # (distance, workload, cluster) of the nearest dataset contexts
+    ood: list[str] = field(default_factory=list)  # why the context lies outside the dataset (empty: it does not)
 
     @property
     def pick(self) -> "Measured | None":
@@ -200,9 +207,21 @@ class Tuner:
     def __init__(self, profile: Profile, model: CostModel, base: "training.TrainingSet | None", store: DatasetStore,
                  storage: str, lossless: bool = False, seed: int = 0, candidates: int = 500, per_round: int = 3,
                  min_distance: float = 0.25, settings: TrialSettings = TrialSettings(), objective: str = "throughput",
-                 efficiency_model=None, noise_scale: float = float("nan")):
+                 efficiency_model=None, noise_scale: float = float("nan"), intervals_card: dict | None = None):
         self.profile = profile
         self.model = model
+        # Intervals (autosync.models.uncertainty): with the shipped regressor and its interval card, the point and
+        # fold regressors are fitted afresh on ``base``; the point one replaces ``model`` (the same training rows).
+        self.card = intervals_card
+        self.intervals: uncertainty.IntervalModel | None = None
+        if intervals_card and base is not None and model.kind == "regressor":
+            self.intervals = uncertainty.IntervalModel.fit(base, intervals_card["q"], intervals_card["level"], seed)
+            self.model = self.intervals.point
+        self.bounds: dict[str, tuple[float, float]] = {}
+        context = featurize(profile, Strategy.default())
+        ref = intervals_card["reference"] if intervals_card else None
+        self.nearest = uncertainty.nearest(ref, context) if ref else []
+        self.ood = uncertainty.ood_reasons(ref, context) if ref else []
         self.objective = objective
         self.efficiency_model, self.noise_scale = efficiency_model, noise_scale
         self.base, self.store = base, store
@@ -297,13 +316,55 @@ class Tuner:
                 if t.state != optuna.trial.TrialState.PRUNED and not _stale(t)}
 
     # --- proposing ---------------------------------------------------------------------------
+    def predict(self, strategies: list[Strategy]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(score, lo, hi): the cost model's scores and interval bounds (nan without intervals), remembered in
+        ``bounds``; for time-to-loss plus log(predicted efficiency) (log goodput, with the regressor; with the
+        ranker the sum is a heuristic)."""
+        if not strategies:
+            return np.array([]), np.array([]), np.array([])
+        X = feature_matrix([featurize(self.profile, s) for s in strategies], self.model.features)
+        if self.intervals is not None:
+            mu, lo, hi = self.intervals.bounds(X)
+        else:
+            mu = self.model.predict(X)
+            lo = hi = np.full(len(mu), np.nan)
+        if self.objective == "time-to-loss" and self.efficiency_model is not None:
+            eff, e_lo, e_hi = self.efficiency_model.bounds(self.profile, strategies, self.noise_scale)
+            mu, lo, hi = (mu + np.log(np.maximum(eff, 0.05)), lo + np.log(np.maximum(e_lo, 0.05)),
+                          hi + np.log(np.maximum(e_hi, 0.05)))
+        for s, a, b in zip(strategies, lo, hi):
+            self.bounds[s.hash] = (float(a), float(b))
+        return mu, lo, hi
+
     def score(self, strategies: list[Strategy]) -> np.ndarray:
-        """The cost model's scores; for time-to-loss plus log(predicted efficiency) (log goodput, with the
-        regressor; with the ranker the sum is a heuristic)."""
-        scores = self.model.score([featurize(self.profile, s) for s in strategies])
-        if self.objective == "time-to-loss" and self.efficiency_model is not None and len(strategies):
-            scores = scores + np.log(np.maximum(self.predicted_efficiency(strategies), 0.05))
-        return scores
+        return self.predict(strategies)[0]
+
+    def interval(self, strategy: Strategy) -> tuple[float, float] | None:
+        """The predicted interval of a scored strategy as speedups (goodput for time-to-loss), or None."""
+        lo, hi = self.bounds.get(strategy.hash, (float("nan"), float("nan")))
+        return None if math.isnan(lo) else (math.exp(lo), math.exp(hi))
+
+    def acquisition(self, best: float | None) -> list[tuple[float, Strategy]]:
+        """Candidates ordered for measuring. With intervals and a measured best (log speedup over the DDP
+        default, goodput for time-to-loss): by expected improvement over it, reading the interval as a normal
+        distribution of the log speedup, ``sigma = (hi - lo) / (2 z_0.9)``::
+
+            EI = sigma (z Phi(z) + phi(z)),   z = (score - best) / sigma
+
+        so a candidate whose interval reaches above the best can go before one with a higher point estimate
+        and a narrow interval below it. Otherwise by score."""
+        if self.intervals is None or best is None:
+            return self.ranked()
+        out = []
+        for h, (mu, s) in self.scored.items():
+            lo, hi = self.bounds.get(h, (float("nan"), float("nan")))
+            if math.isnan(mu) or math.isnan(lo):
+                continue
+            sigma = max((hi - lo) / (2 * uncertainty.Z80), 1e-6)
+            z = (mu - best) / sigma
+            ei = sigma * (z * 0.5 * (1 + math.erf(z / math.sqrt(2))) + math.exp(-z * z / 2) / math.sqrt(2 * math.pi))
+            out.append((ei, s))
+        return sorted(out, key=lambda t: -t[0])
 
     def predicted_efficiency(self, strategies: list[Strategy]) -> np.ndarray:
         if self.efficiency_model is None:
@@ -353,10 +414,17 @@ class Tuner:
         if not frames:
             return
         data = training.TrainingSet.concat(frames)
-        self.model = CostModel(self.model.kind).fit(data.X, data.log_speedup, data.relevance, data.groups(),
-                                                    self.seed)
-        for h, (_, s) in list(self.scored.items()):
-            self.scored[h] = (float(self.score([s])[0]), s)
+        if self.intervals is not None:
+            keep = (data.frame.context_id == self.profile.context_id).to_numpy()   # in every fold: see uncertainty
+            self.intervals = uncertainty.IntervalModel.fit(data, self.intervals.q, self.intervals.level, self.seed,
+                                                           keep)
+            self.model = self.intervals.point
+        else:
+            self.model = CostModel(self.model.kind).fit(data.X, data.log_speedup, data.relevance, data.groups(),
+                                                        self.seed)
+        strategies = [s for _, s in self.scored.values()]
+        for s, score in zip(strategies, self.score(strategies)):
+            self.scored[s.hash] = (float(score), s)
 
 
 def _stale(trial: optuna.trial.FrozenTrial) -> bool:
@@ -421,7 +489,8 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
          seed: int = 0, candidates: int = 500, per_round: int = 3, settings: TrialSettings = TrialSettings(),
          on_measured=None, workload=None, objective: str | None = None, efficiency_model=None,
          noise_scale: float = float("nan"), meter=None, confirm_rounds: int = 0, finalists: int = 3,
-         on_progress=None, recovered: list[tuple[str, Strategy]] = ()) -> TuneResult:
+         on_progress=None, recovered: list[tuple[str, Strategy]] = (), intervals_card: dict | None = None,
+         zero_shot: str = "lower") -> TuneResult:
     """Run the loop; ``pool`` is needed when ``measure > 0`` (``measure`` counts this worker's trials).
 
     ``objective``: ``time-to-loss`` (rank by goodput = samples/s x statistical efficiency; the lossy ones of
@@ -430,6 +499,12 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
     lossless strategies only). ``confirm_rounds`` > 0 re-measures the two best and the DDP default, interleaved,
     that many rounds, and recommends by medians (see :func:`_recommend` for the noise rule). ``recovered``:
     (source, strategy) of trials a job died in (:class:`~autosync.search.trials.Journal`), reported with the rest.
+
+    ``intervals_card`` (:func:`autosync.models.uncertainty.load_card`, with the shipped regressor): calibrated
+    intervals, the acquisition rule of the measured rounds (:meth:`Tuner.acquisition`), the distance of the
+    context from the dataset and its out-of-distribution flags; an out-of-distribution context measures the
+    best-predicted *lossless* baseline after the DDP default. ``zero_shot`` (``measure=0``): pick by the
+    interval's ``lower`` bound or by the ``point`` estimate.
     """
     import time
 
@@ -440,7 +515,8 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
     t0 = time.monotonic()
     measure_time = 0.0
     tuner = Tuner(profile, model, base, store, storage, lossless, seed, candidates, per_round,
-                  settings=settings, objective=objective, efficiency_model=efficiency_model, noise_scale=noise_scale)
+                  settings=settings, objective=objective, efficiency_model=efficiency_model, noise_scale=noise_scale,
+                  intervals_card=intervals_card)
     tuner.propose(candidates)
     hand = baselines(profile)
     if lossless:
@@ -467,9 +543,11 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
         if any(m.strategy.hash == strategy.hash for m in result_measured):
             return True   # e.g. a recovered trial that is also the best baseline
         predicted = _predicted_speedup(tuner.model, tuner.scored.get(strategy.hash, (float("nan"),))[0])
+        interval = tuner.interval(strategy)
         if strategy.hash in stored:
             row = stored[strategy.hash]
-            m = Measured(source, strategy, predicted, row["status"], row["samples_per_s"], row["reason"])
+            m = Measured(source, strategy, predicted, row["status"], row["samples_per_s"], row["reason"],
+                         predicted_interval=interval)
             if strategy.hash not in tuner.busy_hashes():  # the study learns what this dataset already knew
                 tuner.record(strategy, row["samples_per_s"] if row["status"] == "ok" else None, "measured",
                              source=source, samples_per_s=row["samples_per_s"], status=row["status"],
@@ -484,12 +562,22 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
             measure_time += time.monotonic() - t
             store.append([trial_row(profile, strategy, source, r)])
             Journal(store).end()
-            m = Measured(source, strategy, predicted, r.status, r.samples_per_s, r.reason)
+            m = Measured(source, strategy, predicted, r.status, r.samples_per_s, r.reason, predicted_interval=interval)
             tuner.finish(claim, r, reference() if source != "ddp_default" else r.samples_per_s)
         result_measured.append(m)
         if on_measured:
             on_measured(m)
         return True
+
+    def measured_best() -> float | None:
+        """log of the best measured speedup over the DDP default (goodput with the predicted efficiency for
+        time-to-loss), the level expected improvement is counted from."""
+        ref = reference()
+        ok = [m for m in result_measured if m.status == "ok" and m.samples_per_s]
+        if not ref or not ok:
+            return None
+        eff = tuner.predicted_efficiency([m.strategy for m in ok]) if objective == "time-to-loss" else np.ones(len(ok))
+        return max(math.log(m.samples_per_s * max(e, 0.05) / ref) for m, e in zip(ok, eff))
 
     if measure > 0:
         if pool is None:
@@ -497,8 +585,9 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
         run("ddp_default", Strategy.default())
         for source, strategy in recovered:   # a trial the job died in, stored as failed on restart
             run(source, strategy)
-        best_base = max(((n, s) for n, s in hand.items() if n != "ddp_default"), key=lambda t: base_scores[t[0]],
-                        default=None)
+        best_base = max(((n, s) for n, s in hand.items() if n != "ddp_default"
+                         and (s.is_lossless or not tuner.ood)),        # out of distribution: a lossless one
+                        key=lambda t: base_scores[t[0]], default=None)
         if best_base and measure > 1:
             run(best_base[0], best_base[1])
         rounds = 0
@@ -507,10 +596,11 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
             tuner.refit()   # on everything measured so far, by every worker of the study
             done = {m.strategy.hash for m in result_measured} | tuner.busy_hashes()
             k = min(per_round, measure - len(result_measured))
-            picks = pick_diverse(tuner.ranked(), k, done, tuner.min_distance,
+            order = tuner.acquisition(measured_best())
+            picks = pick_diverse(order, k, done, tuner.min_distance,
                                  [m.strategy for m in result_measured if m.source == "tune"])
             if not picks:
-                picks = pick_diverse(tuner.ranked(), k, done, 0.0)
+                picks = pick_diverse(order, k, done, 0.0)
             if not picks and not tuner.propose(max(50, candidates // 5)):
                 break
             for _, strategy in picks:
@@ -536,7 +626,8 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
         _confirm(measured, objective, confirm_rounds, lambda s: measure_strategy(pool, profile, s, settings, workload),
                  on_progress)
         measure_time += time.monotonic() - t
-    result = _recommend(tuner, measured, hand)
+    result = _recommend(tuner, measured, hand, zero_shot)
+    result.nearest, result.ood = tuner.nearest, tuner.ood
     tuner.annotate(result_measured, result)
     result.objective, result.confirm_rounds = objective, confirm_rounds if measure > 0 else 0
     result.candidates_scored = len(tuner.scored)
@@ -632,7 +723,7 @@ def _describe(m: Measured, objective: str) -> str:
     return f"{m.source} {m.strategy.hash} ({m.confirmed_samples_per_s:,.1f} samples/s{eff})"
 
 
-def _recommend(tuner: Tuner, measured: list[Measured], base: dict[str, Strategy]) -> TuneResult:
+def _recommend(tuner: Tuner, measured: list[Measured], base: dict[str, Strategy], zero_shot: str = "lower") -> TuneResult:
     """The best measured strategy by the objective (goodput for time-to-loss: a lossy strategy needs a measured
     efficiency), never one worse than the measured DDP default. Noise rule: when both the winner and the
     runner-up were re-measured, the winner must beat it beyond the spread (its lowest goodput above the
@@ -640,12 +731,7 @@ def _recommend(tuner: Tuner, measured: list[Measured], base: dict[str, Strategy]
     model = tuner.model
     objective = tuner.objective
     if not measured:
-        score, strategy = tuner.ranked()[0]
-        pred = _predicted_speedup(model, score)
-        note = "nothing was measured (--measure 0): this is the cost model's prediction only"
-        if objective == "time-to-loss" and not strategy.is_lossless:
-            note += f" (goodput: predicted speedup x predicted efficiency {tuner.predicted_efficiency([strategy])[0]:.2f})"
-        return TuneResult(strategy, "predicted", pred, note=note, objective=objective)
+        return _zero_shot(tuner, zero_shot)
     ok = [m for m in measured if m.status == "ok"]
     default = next((m for m in measured if m.source == "ddp_default" and m.status == "ok"), None)
     base_hashes = {s.hash for n, s in base.items() if n != "ddp_default"}
@@ -700,6 +786,61 @@ def _recommend(tuner: Tuner, measured: list[Measured], base: dict[str, Strategy]
                       note=note, objective=objective, why=why)
 
 
+def _zero_shot(tuner: Tuner, rule: str) -> TuneResult:
+    """--measure 0: the candidate with the best lower bound of its interval (robust: a confident prediction
+    beats an extrapolation with a wide interval), or with the best point estimate (``rule="point"``, or no
+    intervals)."""
+    objective = tuner.objective
+    ranked = tuner.ranked()
+    score, strategy = ranked[0]
+    point_best = None
+    by_lower = rule == "lower" and tuner.intervals is not None
+    if by_lower:
+        lower = [(tuner.bounds[s.hash][0], sc, s) for sc, s in ranked if not math.isnan(sc)
+                 and not math.isnan(tuner.bounds.get(s.hash, (float("nan"),))[0])]
+        _, score, strategy = max(lower, key=lambda t: (t[0], t[1]))
+        top_score, top = ranked[0]
+        if top.hash != strategy.hash:
+            point_best = (top, _predicted_speedup(tuner.model, top_score), tuner.interval(top))
+    pred = _predicted_speedup(tuner.model, score)
+    note = "nothing was measured (--measure 0): this is the cost model's prediction only"
+    if objective == "time-to-loss" and not strategy.is_lossless:
+        note += f" (goodput: predicted speedup x predicted efficiency {tuner.predicted_efficiency([strategy])[0]:.2f})"
+    rule_text = "lower bound" if by_lower else "point estimate"
+    return TuneResult(strategy, "predicted", pred, note=note, objective=objective, interval=tuner.interval(strategy),
+                      level=tuner.intervals.level if tuner.intervals else uncertainty.LEVEL, rule=rule_text,
+                      point_best=point_best)
+
+
+def interval_text(interval: tuple[float, float] | None, level: float = uncertainty.LEVEL) -> str:
+    return f"{level:.0%} interval {interval[0]:.2f}-{interval[1]:.2f}x" if interval else "no interval"
+
+
+def uncertainty_lines(result: TuneResult) -> list[str]:
+    """What the output and the strategy file say about the prediction's uncertainty: the pick's interval and
+    rule, the point-best when the lower bound chose otherwise, the nearest dataset contexts, and the
+    out-of-distribution flags."""
+    lines = []
+    what = "goodput" if result.objective == "time-to-loss" else "speedup"
+    if result.source == "predicted":
+        if result.interval:
+            lines.append(f"predicted {what} {result.predicted_speedup:.2f}x the DDP default, "
+                         f"{interval_text(result.interval, result.level)} (calibrated leave one workload out); "
+                         f"picked by the {result.rule}")
+        if result.point_best:
+            top, pred, iv = result.point_best
+            lines.append(f"the best point estimate, {top.summary()} ({top.hash}), predicted {pred:.2f}x with "
+                         f"{interval_text(iv, result.level)}: its lower bound is below the pick's")
+    if result.nearest:
+        lines.append("nearest dataset contexts: " + ", ".join(f"{w} on {c} (distance {d:.1f})"
+                                                           for d, w, c in result.nearest))
+    for reason in result.ood:
+        lines.append(f"OUT OF DISTRIBUTION: {reason}; predictions here are extrapolations"
+                     + ("" if result.source == "predicted" else
+                        ", so the best-predicted lossless baseline was measured after the DDP default"))
+    return lines
+
+
 def efficiency_text(m: Measured) -> str:
     """A measured strategy's efficiency as a person reads it: ``1 (lossless)``, ``0.88 [0.87-0.89] measured``."""
     if not m.lossy:
@@ -731,7 +872,8 @@ def measured_rows(result: TuneResult) -> list[dict]:
                      "speedup": sp, "efficiency": efficiency_text(m), "efficiency_short": _efficiency_short(m),
                      "time_speedup": tt if (not m.lossy or m.efficiency_source in ("measured", "predicted")) else None,
                      "time_speedup_predicted": m.lossy and m.efficiency_source == "predicted",
-                     "worker": m.worker, "predicted_speedup": m.predicted_speedup, "reason": m.reason})
+                     "worker": m.worker, "predicted_speedup": m.predicted_speedup,
+                     "predicted_interval": m.predicted_interval, "reason": m.reason})
     return rows
 
 
@@ -744,6 +886,7 @@ def strategy_file_text(result: TuneResult, profile: Profile) -> str:
                  if profile.env.get(k) is not None and profile.context.network == "real")]
     if not math.isnan(result.predicted_speedup):
         lines.append(f"# predicted speedup over the DDP default: {result.predicted_speedup:.2f}x")
+    lines += [f"# {line}" for line in uncertainty_lines(result)]
     if result.measured_samples_per_s:
         lines.append(f"# measured: {result.measured_samples_per_s:,.1f} samples/s"
                      + (f" (median of {1 + len(result.pick.repeats)} interleaved measurements)"
