@@ -22,7 +22,7 @@ import json
 import math
 from pathlib import Path
 
-from autosync.search.tuner import TuneResult, measured_rows, plot_predicted_vs_measured
+from autosync.search.tuner import TuneResult, measured_rows, plot_predicted_vs_measured, uncertainty_lines
 
 
 def _png(fig) -> str:
@@ -157,6 +157,8 @@ def render(result: TuneResult, profile, store=None) -> str:
              + "".join(f"<tr><td><b>{e(k)}</b></td><td>{e(str(v))}</td></tr>" for k, v in facts) + "</table>",
              "<h2>Pick</h2><p" + (" class='lossy'" if lossy else "") + ">"
              + "<br>".join(e(v) for v in verdict) + "</p>"]
+    for line in uncertainty_lines(result):   # interval, zero-shot rule, nearest contexts, out-of-distribution flags
+        parts.append(f"<p class='note'>{e(line)}</p>")
     if result.why:
         parts.append(f"<p class='note'>Why not the fastest per step: {e(result.why)}</p>")
     if result.note:
@@ -175,7 +177,8 @@ def render(result: TuneResult, profile, store=None) -> str:
                      f"{r['samples_per_s']:,.1f}" if r["samples_per_s"] else "-",
                      f"{r['spread'] / 2:.0%} ({r['rounds']})" if r["spread"] is not None else "-",
                      f"{r['speedup']:.2f}x" if r["speedup"] else "-",
-                     "-" if math.isnan(r["predicted_speedup"]) else f"{r['predicted_speedup']:.2f}x",
+                     "-" if math.isnan(r["predicted_speedup"]) else f"{r['predicted_speedup']:.2f}x"
+                     + (" [{:.2f}-{:.2f}]".format(*r["predicted_interval"]) if r["predicted_interval"] else ""),
                      r["efficiency"], tt]
             cls = " class='pick'" if r["hash"] == result.strategy.hash else ""
             body.append(f"<tr{cls}>" + "".join(f"<td{' class=lossy' if c == 'lossy' else ''}>{e(str(c))}</td>"
