@@ -24,7 +24,7 @@ demo: $(STAMP)
 	$(BIN)/autosync run --workload $(DEMO_WORKLOAD) --cluster $(DEMO_CLUSTER) --strategy strategy.yaml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python -m pytest -q --durations=40 tests
 
 bench: $(STAMP)
 	$(BIN)/python bench/hook_overhead.py

@@ -58,12 +58,12 @@ def test_a_held_out_workload_is_covered_near_the_level_and_measurements_narrow_i
 
 
 def test_out_of_distribution_flags_a_new_shape_device_and_a_far_context_but_not_a_dataset_one():
-    from autosync.cluster import parse_cluster
-    from autosync.profiler.profile import nominal_profile
+    from autosync.profiler import Profile
     from autosync.strategy import Strategy
 
     ref = uncertainty.load_card()["reference"]
-    known = featurize(nominal_profile(parse_cluster("2x1@100mbit"), "mlp", 128), Strategy.default())
+    raw = DatasetStore(SHIPPED_DATA, create=False).load_profile_dict("mlp|b128|2x1@100mbit")
+    known = featurize(Profile.from_dict(raw), Strategy.default())   # a dataset context, as profiled there
     assert uncertainty.ood_reasons(ref, known) == []
     assert uncertainty.nearest(ref, known, 1)[0][1] == "mlp"
     assert any("shape 3x1" in r for r in uncertainty.ood_reasons(ref, {**known, "nodes": 3}))
@@ -97,3 +97,23 @@ def test_expected_improvement_measures_a_wide_interval_that_could_beat_the_best_
     # the real bounds of the real model: finite, ordered, and the point inside
     mu, lo, hi = tuner.predict([sure, wide, Strategy.default()])
     assert np.all(lo < mu) and np.all(mu < hi)
+
+
+def test_the_training_set_is_cached_by_the_dataset_and_equals_a_fresh_build(tmp_path, monkeypatch):
+    """Every tune starts from the shipped training set (3 s to build): the cached one must be the same, and a
+    changed dataset must miss."""
+    import shutil
+
+    monkeypatch.setenv("AUTOSYNC_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    shutil.copytree(SHIPPED_DATA, data)
+    fresh = training.build(DatasetStore(data, create=False))
+    assert len(list((tmp_path / "cache" / "training").iterdir())) == 1
+    cached = training.build(DatasetStore(data, create=False))
+    assert cached.frame.equals(fresh.frame) and np.array_equal(cached.X, fresh.X, equal_nan=True)
+    assert np.array_equal(cached.log_speedup, fresh.log_speedup) and cached.features == fresh.features
+    profile = next((data / "profiles").iterdir())
+    profile.unlink()                                     # one context fewer: a different training set
+    fewer = training.build(DatasetStore(data, create=False))
+    assert len(list((tmp_path / "cache" / "training").iterdir())) == 2
+    assert fewer.frame.context_id.nunique() == fresh.frame.context_id.nunique() - 1

@@ -99,9 +99,41 @@ def build(store: DatasetStore, df: pd.DataFrame | None = None) -> TrainingSet:
     """Every context of the store with a measured default, a stored profile and shaped links.
 
     Contexts measured on unshaped loopback (or not measured: nominal) are left out: their
-    features describe links their numbers did not see.
+    features describe links their numbers did not see. Built from a whole store (``df`` None), the
+    set is cached (:mod:`autosync.cache`, keyed by the store's files and this code): every tune
+    starts from the shipped one.
     """
-    df = store.read(efficiency=False) if df is None else df
+    if df is None:
+        import json
+
+        from autosync import cache
+
+        k = cache.key("training", cache.tree_hash(store.root))
+        text = cache.read_text("training", k)
+        if text is not None:
+            try:
+                return _from_json(json.loads(text))
+            except (ValueError, KeyError, TypeError):
+                pass
+        data = _build(store, store.read(efficiency=False))
+        cache.write_text("training", k, json.dumps(_to_json(data)))
+        return data
+    return _build(store, df)
+
+
+def _to_json(data: TrainingSet) -> dict:
+    return {"X": data.X.tolist(), "log_speedup": data.log_speedup.tolist(), "relevance": data.relevance.tolist(),
+            "features": data.features, "frame": data.frame.to_dict("list"), "columns": list(data.frame.columns)}
+
+
+def _from_json(d: dict) -> TrainingSet:
+    frame = pd.DataFrame(d["frame"], columns=d["columns"]).astype({"relevance": np.int32})
+    X = np.array(d["X"], dtype=np.float64).reshape(len(frame), len(d["features"]))
+    return TrainingSet(X, np.array(d["log_speedup"], dtype=np.float64), np.array(d["relevance"], dtype=np.int32),
+                       frame, list(d["features"]))
+
+
+def _build(store: DatasetStore, df: pd.DataFrame) -> TrainingSet:
     sets = []
     for context_id, ctx in df.groupby("context_id", sort=True):
         raw = store.load_profile_dict(context_id)

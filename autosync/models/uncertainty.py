@@ -57,7 +57,8 @@ def conformal_quantile(scores: np.ndarray, level: float) -> float:
 
 
 class _Fits:
-    """Regressors on one training set without some of its workloads, fitted once per set of exclusions."""
+    """Regressors on one training set without some of its workloads, fitted once per set of exclusions (and
+    cached on disk by their training rows, :mod:`autosync.cache`, unless some rows are ``keep``: a tune's)."""
 
     def __init__(self, data, seed: int = 0, keep: np.ndarray | None = None):
         self.data, self.seed = data, seed
@@ -70,8 +71,8 @@ class _Fits:
         if key not in self._models:
             rows = self.keep | ~np.isin(self.workload, list(key))
             d = self.data.subset(rows)
-            self._models[key] = CostModel("regressor", list(d.features)).fit(d.X, d.log_speedup, d.relevance,
-                                                                             d.groups(), self.seed)
+            self._models[key] = _fit_cached(d, self.seed) if not self.keep.any() else \
+                CostModel("regressor", list(d.features)).fit(d.X, d.log_speedup, d.relevance, d.groups(), self.seed)
         return self._models[key]
 
     def quantiles(self, excluded, alphas=(0.1, 0.9)) -> list:
@@ -81,6 +82,28 @@ class _Fits:
         params = {k: v for k, v in PARAMS["regressor"].items() if k != "objective"}
         return [lgb.LGBMRegressor(objective="quantile", alpha=a, random_state=self.seed, **params)
                 .fit(self.data.X[rows], self.data.log_speedup[rows]).booster_ for a in alphas]
+
+
+def _fit_cached(d, seed: int) -> CostModel:
+    import hashlib
+
+    import lightgbm as lgb
+
+    from autosync import cache
+
+    digest = hashlib.sha256(d.X.tobytes() + d.log_speedup.tobytes() + "|".join(d.features).encode()).hexdigest()
+    k = cache.key("fold", digest, seed, json.dumps(PARAMS["regressor"], sort_keys=True))
+    text = cache.read_text("folds", k)
+    if text is not None:
+        try:
+            booster = lgb.Booster(model_str=text)
+            if booster.feature_name() == list(d.features):
+                return CostModel("regressor", list(d.features), booster)
+        except lgb.basic.LightGBMError:
+            pass
+    model = CostModel("regressor", list(d.features)).fit(d.X, d.log_speedup, d.relevance, d.groups(), seed)
+    cache.write_text("folds", k, model.booster.model_to_string())
+    return model
 
 
 def spread(preds: list[np.ndarray], floor: float = FLOOR) -> np.ndarray:
