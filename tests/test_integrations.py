@@ -43,7 +43,8 @@ def tuned(tmp_path_factory):
         if workload not in made:
             d = tmp_path_factory.mktemp(f"tuned-{workload}")
             out = subprocess.run([sys.executable, "-m", "autosync.cli", "tune", "--workload", workload, "--cluster",
-                                  "2x1@1gbit", "--measure", "0", "--lossless", "--candidates", "100", "--out", "s.yaml", "--data", "d",
+                                  "2x1@1gbit", "--measure", "0", "--lossless", "--candidates", "100", "--out", "s.yaml",
+                                  "--data", "d",
                                   "--storage", f"sqlite:///{d}/t.db"], cwd=d, capture_output=True, text=True,
                                  timeout=300)
             assert out.returncode == 0, out.stderr[-2000:]

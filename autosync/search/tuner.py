@@ -723,7 +723,8 @@ def _describe(m: Measured, objective: str) -> str:
     return f"{m.source} {m.strategy.hash} ({m.confirmed_samples_per_s:,.1f} samples/s{eff})"
 
 
-def _recommend(tuner: Tuner, measured: list[Measured], base: dict[str, Strategy], zero_shot: str = "lower") -> TuneResult:
+def _recommend(tuner: Tuner, measured: list[Measured], base: dict[str, Strategy],
+               zero_shot: str = "lower") -> TuneResult:
     """The best measured strategy by the objective (goodput for time-to-loss: a lossy strategy needs a measured
     efficiency), never one worse than the measured DDP default. Noise rule: when both the winner and the
     runner-up were re-measured, the winner must beat it beyond the spread (its lowest goodput above the
