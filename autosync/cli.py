@@ -86,14 +86,30 @@ def _job_aware(cmd):
         from autosync import api
 
         pool = api.job(timeout=args.timeout, backend=args.backend)
-        if pool.rank != 0:
-            return pool.serve()
-        args.pool = pool
         try:
-            return cmd(args)
+            if pool.rank != 0:
+                return pool.serve()
+            args.pool = pool
+            try:
+                return cmd(args)
+            finally:
+                pool.close()
         finally:
-            pool.close()
+            _leave_job()
     return wrapped
+
+
+def _leave_job() -> None:
+    """The command is done with the job and its process is about to end: take its process groups down first, so
+    that no communication thread outlives the interpreter (a rank once aborted at exit: "terminate called without
+    an active exception")."""
+    import torch.distributed as dist
+
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - a job whose peers are gone already: nothing left to tear down cleanly
+        pass
 
 
 def _add_run(sub) -> None:
