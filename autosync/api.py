@@ -105,7 +105,7 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
              model_path: str | Path | None = None, seed: int = 0, candidates: int = 500,
              settings=None, on_measured=None, status=None, profile_path: str | Path | None = None,
              unshaped: bool = False, objective: str | None = None, confirm_rounds: int = 3, finalists: int = 3,
-             pool=None, beyond_range: bool = False, zero_shot: str = "lower"):
+             pool=None, beyond_range: bool = False, zero_shot: str = "point"):
     """Tune ``workload`` on ``cluster``; ``profile_path`` (from `autosync profile`) replaces profiling.
 
     ``objective``: ``time-to-loss`` (default; ``lossless`` when ``lossless``), ``throughput`` or ``lossless``
@@ -114,7 +114,7 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
     only names the job's shape and nominal links. Measuring an emulated cluster beyond this machine's faithful
     range (:mod:`autosync.executor.fidelity`) is refused unless ``beyond_range``. With the shipped cost model, its
     calibrated intervals (:mod:`autosync.models.uncertainty`) rank the measured rounds by expected improvement
-    and, with ``measure=0``, pick by the ``zero_shot`` rule (``lower`` bound or ``point`` estimate). Returns
+    and, with ``measure=0``, pick by the ``zero_shot`` rule (``point`` estimate or ``lower`` bound). Returns
     ``(TuneResult, Profile)``.
     """
     from autosync.efficiency import EfficiencyMeter

@@ -55,7 +55,7 @@ def run_context(pool, cluster, spec, wl, args, shipped, base, cost_model, work, 
     zero = tune(profile, cost_model, 0, store, storage, None, data, seed=args.seed, objective="throughput",
                 intervals_card=card, zero_shot="lower")
     lower = zero.strategy
-    point = zero.point_best[0] if zero.point_best else lower
+    point = zero.alternative[1] if zero.alternative else lower
     say(f"{wl} {spec}: zero-shot lower {lower.hash} ({zero.predicted_speedup:.2f}x predicted), point {point.hash}; "
         f"tuning with {args.measure} measured runs")
     tuned = tune(profile, cost_model, args.measure, store, storage, pool, data, seed=args.seed, settings=settings,
@@ -71,9 +71,9 @@ def run_context(pool, cluster, spec, wl, args, shipped, base, cost_model, work, 
             f"{k} {statistics.median(runs[s.hash]):.1f}" for k, s in picks.items()))
     sps = {k: statistics.median(runs[s.hash]) for k, s in picks.items()}
     default = tuned.default.samples_per_s if tuned.default else None
-    intervals = {"lower": zero.interval,
-                 "point": zero.point_best[2] if zero.point_best else zero.interval}
-    preds = {"lower": zero.predicted_speedup, "point": zero.point_best[1] if zero.point_best else zero.predicted_speedup}
+    intervals = {"lower": zero.interval, "point": zero.alternative[3] if zero.alternative else zero.interval}
+    preds = {"lower": zero.predicted_speedup,
+             "point": zero.alternative[2] if zero.alternative else zero.predicted_speedup}
     return {"workload": wl, "cluster": spec, "default_sps": default, "ood": zero.ood,
             "nearest": zero.nearest[:1], **{f"{k}_hash": s.hash for k, s in picks.items()},
             **{f"{k}_summary": s.summary() for k, s in picks.items()},
@@ -82,6 +82,10 @@ def run_context(pool, cluster, spec, wl, args, shipped, base, cost_model, work, 
             **{f"{k}_predicted": preds[k] for k in preds}, **{f"{k}_interval": intervals[k] for k in intervals},
             "tune_speedup": tuned.speedup_over_default, "tune_source": tuned.source,
             "same_pick": point.hash == lower.hash}
+
+
+def measured_x(r, k):
+    return r[f"{k}_sps"] / r["default_sps"] if r.get("default_sps") else None
 
 
 def fmt(x, spec=".2f"):
@@ -96,23 +100,36 @@ def table(rows, args):
              f"of {args.repeats} interleaved measurements each on the emulated cluster; objective throughput. "
              "predicted = the cost model's speedup over the DDP default with its 80% interval. OOD = the context was "
              "flagged out of distribution.", "",
-             "| workload | cluster | OOD | tune 8 x default | point: predicted | point ratio | lower: predicted | "
+             "| workload | cluster | OOD | tune 8 x default | point: predicted / measured | point ratio | "
+             "lower: predicted / measured | "
              "lower ratio | same pick |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    lines[2] += (" 'predicted / measured': the measured speedup is the pick's median samples/s over the tune's one "
+                 "measurement of the DDP default.")
 
     def pred(r, k):
         iv = r[f"{k}_interval"]
-        return f"{r[f'{k}_predicted']:.2f}x" + (f" [{iv[0]:.2f}-{iv[1]:.2f}]" if iv else "")
+        out = f"{r[f'{k}_predicted']:.2f}x" + (f" [{iv[0]:.2f}-{iv[1]:.2f}]" if iv else "")
+        measured = measured_x(r, k)
+        return out + (f" / {measured:.2f}x" if measured else "")
 
     for r in rows:
         lines.append(f"| {r['workload']} | {r['cluster']} | {'yes' if r['ood'] else 'no'} | {fmt(r['tune_speedup'])} | "
                      f"{pred(r, 'point')} | {fmt(r['point_ratio'])} | {pred(r, 'lower')} | {fmt(r['lower_ratio'])} | "
                      f"{'yes' if r['same_pick'] else 'no'} |")
     lines += ["", "| rule | median ratio | worst ratio | mean ratio | contexts |", "|---|---:|---:|---:|---:|"]
-    for k, name in (("point", "point estimate"), ("lower", "lower bound (shipped default)")):
+    for r in rows:   # evaluated, not an option: the lower bound only where the context is out of distribution
+        r["auto_ratio"] = r["lower_ratio"] if r["ood"] else r["point_ratio"]
+    for k, name in (("point", "point estimate (the default)"), ("lower", "lower bound (--zero-shot lower)"),
+                    ("auto", "lower bound out of distribution, else point (evaluated only)")):
         xs = [r[f"{k}_ratio"] for r in rows if r[f"{k}_ratio"] is not None]
         if xs:
             lines.append(f"| {name} | {statistics.median(xs):.3f} | {min(xs):.3f} | {statistics.mean(xs):.3f} | "
                          f"{len(xs)} |")
+    inside = {k: sum(1 for r in rows if r[f"{k}_interval"] and measured_x(r, k)
+                     and r[f"{k}_interval"][0] <= measured_x(r, k) <= r[f"{k}_interval"][1]) for k in ("point", "lower")}
+    lines += ["", f"The measured speedup fell inside the pick's 80% interval for {inside['point']} of {len(rows)} point "
+              f"picks and {inside['lower']} of {len(rows)} lower-bound picks (a pick is chosen for a high estimate or "
+              "bound, which favours candidates the model overrates: the winner's curse)."]
     ood = [f"- {r['workload']} {r['cluster']}: {'; '.join(r['ood'])}" for r in rows if r["ood"]]
     if ood:
         lines += ["", "Out-of-distribution flags:", "", *ood]

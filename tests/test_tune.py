@@ -163,9 +163,9 @@ def test_python_api_tunes_a_model_object_for_a_cluster_we_do_not_have(tmp_path, 
     assert isinstance(strategy, autosync.Strategy)
     text = out.read_text()
     assert autosync.load_strategy(out) == strategy and "predicted" in text
-    # robust zero-shot: the pick's calibrated interval and rule, the nearest dataset contexts, and 2x8 (a shape
-    # the dataset never saw) flagged
-    assert "80% interval" in text and "picked by the lower bound" in text, text
+    # zero-shot: the pick's calibrated interval and rule, the nearest dataset contexts, and 2x8 (a shape the dataset
+    # never saw) flagged
+    assert "80% interval" in text and "picked by the point estimate" in text, text
     assert "# nearest dataset contexts:" in text and "OUT OF DISTRIBUTION: cluster shape 2x8" in text, text
     with pytest.raises(autosync.UserError, match="make_batch must be picklable"):
         autosync.tune(small.Net(), lambda b, g: {}, cluster="2x1@1gbit", measure=0)
