@@ -72,21 +72,20 @@ def test_out_of_distribution_flags_a_new_shape_device_and_a_far_context_but_not_
     assert any("nearest dataset context" in r for r in far), far
 
 
-def test_expected_improvement_measures_a_wide_interval_that_could_beat_the_best_before_a_sure_loser(tmp_path):
+def test_expected_improvement_measures_a_wide_interval_that_could_beat_the_best_before_a_sure_loser(tmp_path, shipped):
     """The acquisition rule itself: with the measured best at 2x, a candidate predicted 1.5x with an interval
     reaching 4x goes before one predicted 1.9x whose interval ends at 1.95x; without a measured best (or without
     intervals) the order is the point estimate's."""
+    from autosync.api import load_model
     from autosync.cluster import parse_cluster
-    from autosync.models.ranker import CostModel
     from autosync.profiler.profile import nominal_profile
     from autosync.search.tuner import Tuner
     from autosync.strategy import Strategy
 
     profile = nominal_profile(parse_cluster("2x1@100mbit"), "mlp", 128)
     card = uncertainty.load_card()
-    base = training.build(DatasetStore(SHIPPED_DATA, create=False))
-    tuner = Tuner(profile, CostModel.load(SHIPPED_DATA.parent.parent / "models" / "pretrained" / "regressor"), base,
-                  DatasetStore(tmp_path / "d"), f"sqlite:///{tmp_path}/t.db", intervals_card=card)
+    tuner = Tuner(profile, load_model(), shipped, DatasetStore(tmp_path / "d"), f"sqlite:///{tmp_path}/t.db",
+                  intervals_card=card)
     assert tuner.intervals is not None and tuner.model is tuner.intervals.point
     sure = Strategy.from_dict({"fusion": {"bucket_cap_mb": 50}})
     wide = Strategy.from_dict({"groups": [{"compressor": {"name": "powersgd", "rank": 2}}]})

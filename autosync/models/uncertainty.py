@@ -33,10 +33,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from autosync.models.features import CONTEXT_FEATURES
 from autosync.models.ranker import PARAMS, CostModel
@@ -198,8 +199,6 @@ def evaluate(data, level: float = LEVEL, seed: int = 0) -> dict:
             picks.append({"workload": w, "context_id": ctx, "cluster": frame.cluster.iloc[idx[0]],
                           "point": float(sp[np.argmax(mu[idx])] / best), "lower": float(sp[np.argmax(lo[idx])] / best),
                           "pairwise_point": context_metrics(mu[idx], sp)["pairwise"]})
-    import pandas as pd
-
     rows, picks = pd.DataFrame(per_row), pd.DataFrame(picks)
     out = {"level": level, "rows": int(ok.sum()), "workloads": workloads, "methods": {}}
     for method in METHODS:
@@ -303,11 +302,3 @@ def load_card(path=CARD) -> dict | None:
         return None
     return card if card.get("kind") == "interval" and "q" in card and "reference" in card else None
 
-
-@dataclass
-class Uncertainty:
-    """What a tune knows about its own predictions: the interval model and the distance reference."""
-
-    model: IntervalModel
-    ref: dict
-    card: dict = field(default_factory=dict)

@@ -212,16 +212,15 @@ class Tuner:
         self.model = model
         # Intervals (autosync.models.uncertainty): with the shipped regressor and its interval card, the point and
         # fold regressors are fitted afresh on ``base``; the point one replaces ``model`` (the same training rows).
-        self.card = intervals_card
         self.intervals: uncertainty.IntervalModel | None = None
         if intervals_card and base is not None and model.kind == "regressor":
             self.intervals = uncertainty.IntervalModel.fit(base, intervals_card["q"], intervals_card["level"], seed)
             self.model = self.intervals.point
         self.bounds: dict[str, tuple[float, float]] = {}
-        context = featurize(profile, Strategy.default())
-        ref = intervals_card["reference"] if intervals_card else None
-        self.nearest = uncertainty.nearest(ref, context) if ref else []
-        self.ood = uncertainty.ood_reasons(ref, context) if ref else []
+        self.nearest, self.ood = [], []
+        if intervals_card:
+            ref, context = intervals_card["reference"], featurize(profile, Strategy.default())
+            self.nearest, self.ood = uncertainty.nearest(ref, context), uncertainty.ood_reasons(ref, context)
         self.objective = objective
         self.efficiency_model, self.noise_scale = efficiency_model, noise_scale
         self.base, self.store = base, store
