@@ -74,9 +74,12 @@ def test_a_framework_trains_by_a_strategy_file_and_a_lossless_one_matches_its_ow
     exact, calls = _run(tmp_path, script, str(tuned(workload)), "exact", launcher(), workload)
     lossy, lossy_calls = _run(tmp_path, script, "lossy.yaml", "lossy", launcher(), workload, 4, "--ranks-per-host", "1")
     assert none == 0 and calls > 0 and lossy_calls > 0, (none, calls, lossy_calls)
+    # "Equal to rounding": a tuned file may hold `sfb`, which forms G^T X from gathered factors, a different
+    # order of sums than DDP's all-reduce; after 4 steps through BatchNorm that read 9.3e-6 on resnet-tiny's
+    # first conv (CI), against 0.023 for the lossy file. The bounds sit between the two, 20x from each.
     for k in plain:
-        torch.testing.assert_close(exact[k], plain[k], rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
-    assert max(float((lossy[k] - plain[k]).abs().max()) for k in plain) > 1e-4, "a lossy file must change the result"
+        torch.testing.assert_close(exact[k], plain[k], rtol=1e-4, atol=2e-4, msg=lambda m: f"{k}: {m}")
+    assert max(float((lossy[k] - plain[k]).abs().max()) for k in plain) > 1e-3, "a lossy file must change the result"
 
 
 def _register_refusals(ctx):
