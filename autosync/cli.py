@@ -120,7 +120,7 @@ def _add_run(sub) -> None:
                     "memory. Under torchrun it runs on the job's ranks instead of spawning its own.",
         epilog="example: autosync run --workload bert-mini --nproc 2 --strategy strategy.yaml")
     p.add_argument("--workload", "--model", dest="workload", required=True, metavar="W",
-                   help="built-in workload (mlp, bert-mini, gpt2-tiny, vit-tiny, resnet-tiny, ncf) or "
+                   help="built-in workload (list: autosync workloads) or "
                         "'pkg.module:function' / 'path/file.py:function'")
     p.add_argument("--strategy", metavar="FILE", help="strategy YAML or JSON (default: the DDP default)")
     p.add_argument("--nproc", type=_positive_int, default=None, help="number of local ranks (default 2)")
@@ -713,6 +713,24 @@ def _cmd_bench(args) -> int:
     return subprocess.call([sys.executable, str(scripts[args.name]), *args.args])
 
 
+def _add_workloads(sub) -> None:
+    p = sub.add_parser("workloads", help="list the built-in workloads",
+                       description="List the built-in workloads: name, default batch size per rank and what each "
+                                   "trains (architectures built from configs, learnable synthetic tasks). "
+                                   "Any command's --workload also takes 'pkg.module:function' or "
+                                   "'path/file.py:function' returning (model, make_batch).",
+                       epilog="example: autosync workloads")
+    p.set_defaults(func=_cmd_workloads)
+
+
+def _cmd_workloads(args) -> int:
+    from autosync.workloads import BUILTINS
+
+    for name, info in BUILTINS.items():
+        print(f"{name:<14} batch {info.batch_size:<5} {' '.join(info.description.split())}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autosync", description="Learn how to synchronize gradients in data-parallel PyTorch "
                                                    "training: profile, propose, predict, measure, recommend.")
@@ -720,6 +738,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     _add_run(sub)
+    _add_workloads(sub)
     _add_cluster(sub)
     _add_profile(sub)
     _add_collect(sub)

@@ -98,6 +98,22 @@ def bert_mini() -> tuple[nn.Module, MakeBatch]:
     return BertForSequenceClassification(cfg), _token_batch(8192, 64, 4)
 
 
+def _markov_batch(vocab: int, seq: int, fanout: int = 4) -> MakeBatch:
+    """Language modelling of a fixed sparse Markov chain: each token has ``fanout`` equally likely successors
+    (a low-entropy chain a model can learn; the loss floor is log(fanout))."""
+    successors = torch.randint(0, vocab, (vocab, fanout), generator=torch.Generator().manual_seed(TEACHER_SEED))
+
+    def make_batch(batch_size: int, gen: torch.Generator) -> dict:
+        ids = torch.empty(batch_size, seq, dtype=torch.long)
+        ids[:, 0] = torch.randint(0, vocab, (batch_size,), generator=gen)
+        choice = torch.randint(0, fanout, (batch_size, seq), generator=gen)
+        for t in range(1, seq):
+            ids[:, t] = successors[ids[:, t - 1], choice[:, t]]
+        return {"input_ids": ids, "labels": ids}
+
+    return make_batch
+
+
 def gpt2_tiny() -> tuple[nn.Module, MakeBatch]:
     """GPT-2, 4 layers x 256, language modelling of a fixed sparse Markov chain (vocab 2048)."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -106,18 +122,73 @@ def gpt2_tiny() -> tuple[nn.Module, MakeBatch]:
     cfg = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=256, n_layer=4, n_head=4,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                      bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM")
-    # Each token has 4 likely successors: a low-entropy chain the model can learn.
-    successors = torch.randint(0, vocab, (vocab, 4), generator=torch.Generator().manual_seed(TEACHER_SEED))
+    return GPT2LMHeadModel(cfg), _markov_batch(vocab, seq)
+
+
+def llama_tiny() -> tuple[nn.Module, MakeBatch]:
+    """LLaMA-style decoder (RMSNorm, rotary positions, grouped-query attention 8 heads / 2 KV heads, SwiGLU),
+    4 layers x 256, untied head (~4.9M parameters), on a Markov chain (vocab 4096)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab, seq = 4096, 64
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=seq,
+                      tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
+    return LlamaForCausalLM(cfg), _markov_batch(vocab, seq)
+
+
+def moe_tiny() -> tuple[nn.Module, MakeBatch]:
+    """Mixtral-style mixture-of-experts decoder: 4 layers x 256, 8 experts of 512 per layer, top-2 routing,
+    grouped-query attention (~14.3M parameters, ~3.7M active per token). The experts of a layer are one fused
+    tensor each (transformers' ``gate_up_proj`` / ``down_proj``): an expert no token chose this step gets an
+    all-zero slice, so its gradient is sparse per step along the expert axis."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    vocab, seq = 2048, 64
+    cfg = MixtralConfig(vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                        num_attention_heads=8, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
+                        max_position_embeddings=seq, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+                        pad_token_id=None)
+    return MixtralForCausalLM(cfg), _markov_batch(vocab, seq)
+
+
+def t5_tiny() -> tuple[nn.Module, MakeBatch]:
+    """T5-style encoder-decoder, 4 + 4 layers x 256 (relative position buckets, shared embeddings, ~8.4M
+    parameters): translate a random sentence token by token through a fixed random dictionary (vocab 4096)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    vocab, seq = 4096, 32
+    cfg = T5Config(vocab_size=vocab, d_model=256, d_kv=32, d_ff=1024, num_layers=4, num_decoder_layers=4,
+                   num_heads=8, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    dictionary = torch.randperm(vocab - 2, generator=torch.Generator().manual_seed(TEACHER_SEED)) + 2
 
     def make_batch(batch_size: int, gen: torch.Generator) -> dict:
-        ids = torch.empty(batch_size, seq, dtype=torch.long)
-        ids[:, 0] = torch.randint(0, vocab, (batch_size,), generator=gen)
-        choice = torch.randint(0, 4, (batch_size, seq), generator=gen)
-        for t in range(1, seq):
-            ids[:, t] = successors[ids[:, t - 1], choice[:, t]]
-        return {"input_ids": ids, "labels": ids}
+        src = torch.randint(2, vocab, (batch_size, seq), generator=gen)
+        return {"input_ids": src, "labels": dictionary[src - 2]}
 
-    return GPT2LMHeadModel(cfg), make_batch
+    return T5ForConditionalGeneration(cfg), make_batch
+
+
+class _LSTMLM(nn.Module):
+    """Embedding -> 2-layer LSTM -> untied softmax head."""
+
+    def __init__(self, vocab: int, dim: int, hidden: int, layers: int):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.lstm = nn.LSTM(dim, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h, _ = self.lstm(self.emb(input_ids[:, :-1]))
+        logits = self.head(h)
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1))
+
+
+def lstm_lm() -> tuple[nn.Module, MakeBatch]:
+    """Recurrent language model: embedding 256, 2-layer LSTM of 512, softmax over 4096 (~6.8M parameters),
+    on a Markov chain (sequence 64)."""
+    vocab, seq = 4096, 64
+    return _LSTMLM(vocab, 256, 512, 2), _markov_batch(vocab, seq)
 
 
 def _image_batch(channels: int, size: int, classes: int, pool: int = 4) -> MakeBatch:
@@ -153,6 +224,16 @@ def resnet_tiny() -> tuple[nn.Module, MakeBatch]:
     return ResNetForImageClassification(cfg), _image_batch(3, 64, 10)
 
 
+def convnext_tiny() -> tuple[nn.Module, MakeBatch]:
+    """ConvNeXt (depthwise 7x7 convolutions, LayerNorm, inverted bottlenecks; widths 32-256, depths 1-1-2-1,
+    ~1.0M parameters), 64x64 images, 10 teacher classes of the 4x4-pooled image."""
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    cfg = ConvNextConfig(num_channels=3, patch_size=4, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 2, 1],
+                         num_labels=10, drop_path_rate=0.0, image_size=64)
+    return ConvNextForImageClassification(cfg), _image_batch(3, 64, 10)
+
+
 class _NCF(nn.Module):
     """Neural collaborative filtering: two embedding tables (most of the bytes) and a small MLP."""
 
@@ -180,6 +261,60 @@ def ncf() -> tuple[nn.Module, MakeBatch]:
     return _NCF(users, items, dim), make_batch
 
 
+class _WideDeep(nn.Module):
+    """Wide & deep recommendation model (DLRM-style deep part): per sparse feature one embedding table for the
+    deep part and one scalar table for the wide (linear) part; dense features through a bottom MLP; pairwise
+    dot products of all vectors and a top MLP."""
+
+    def __init__(self, rows: list[int], dim: int, dense: int):
+        super().__init__()
+        self.tables = nn.ModuleList(nn.Embedding(n, dim) for n in rows)
+        self.wide = nn.ModuleList(nn.Embedding(n, 1) for n in rows)
+        self.bottom = nn.Sequential(nn.Linear(dense, 128), nn.ReLU(), nn.Linear(128, dim), nn.ReLU())
+        k = len(rows) + 1
+        self.top = nn.Sequential(nn.Linear(dim + k * (k - 1) // 2, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
+                                 nn.Linear(128, 1))
+        for t in self.tables:       # small vectors keep the initial dot products near 0 (DLRM: U(+-1/sqrt(rows)))
+            nn.init.normal_(t.weight, std=dim ** -0.5)
+        for w in self.wide:         # the wide part is a linear model: it starts at 0
+            nn.init.zeros_(w.weight)
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        d = self.bottom(dense)
+        vecs = torch.stack([d] + [t(ids[:, i]) for i, t in enumerate(self.tables)], 1)
+        dots = vecs @ vecs.transpose(1, 2)
+        i, j = torch.triu_indices(vecs.size(1), vecs.size(1), 1)
+        wide = sum(w(ids[:, i]).squeeze(1) for i, w in enumerate(self.wide))
+        logit = self.top(torch.cat([d, dots[:, i, j]], 1)).squeeze(1) + wide
+        return nn.functional.binary_cross_entropy_with_logits(logit, labels)
+
+
+def wide_recsys() -> tuple[nn.Module, MakeBatch]:
+    """Wide & deep recommender with 8 embedding tables (300k down to 1k rows x 64, ~39.5M parameters, ~97% in
+    the tables) and 13 dense features. Ids follow a Zipf law (exponent 1.05), as real categorical features do,
+    so frequent rows recur; the click teacher adds a hidden score per row, pairwise products of hidden
+    4-vectors of the rows (what the dot interactions can learn, more slowly) and a linear term in the dense
+    features. A batch of 1024 touches a few percent of the largest table's rows."""
+    rows, dim, dense, k = [300_000, 150_000, 80_000, 40_000, 20_000, 10_000, 5_000, 1_000], 64, 13, 4
+    gen0 = torch.Generator().manual_seed(TEACHER_SEED)
+    scores = [torch.randn(n, generator=gen0) for n in rows]
+    vectors = [torch.randn(n, k, generator=gen0) for n in rows]
+    w_dense = torch.randn(dense, generator=gen0)
+    zipf = [torch.arange(1, n + 1, dtype=torch.float64).pow(-1.05) for n in rows]
+    pairs = len(rows) * (len(rows) - 1) // 2
+
+    def make_batch(batch_size: int, gen: torch.Generator) -> dict:
+        x = torch.randn(batch_size, dense, generator=gen)
+        ids = torch.stack([torch.multinomial(z, batch_size, replacement=True, generator=gen) for z in zipf], 1)
+        v = torch.stack([t[ids[:, i]] for i, t in enumerate(vectors)], 1)
+        cross = (v @ v.transpose(1, 2)).triu(1).sum((1, 2)) / (pairs * k) ** 0.5
+        linear = sum(s[ids[:, i]] for i, s in enumerate(scores)) / len(rows) ** 0.5
+        logit = 0.5 * linear + cross + 0.5 * x @ w_dense / dense ** 0.5
+        return {"dense": x, "ids": ids, "labels": (logit > 0).float()}
+
+    return _WideDeep(rows, dim, dense), make_batch
+
+
 BUILTINS: dict[str, BuiltinInfo] = {
     "mlp": BuiltinInfo(mlp, 128, mlp.__doc__ or ""),
     "bert-mini": BuiltinInfo(bert_mini, 8, bert_mini.__doc__ or ""),
@@ -187,6 +322,12 @@ BUILTINS: dict[str, BuiltinInfo] = {
     "vit-tiny": BuiltinInfo(vit_tiny, 16, vit_tiny.__doc__ or ""),
     "resnet-tiny": BuiltinInfo(resnet_tiny, 32, resnet_tiny.__doc__ or ""),
     "ncf": BuiltinInfo(ncf, 2048, ncf.__doc__ or ""),
+    "llama-tiny": BuiltinInfo(llama_tiny, 8, llama_tiny.__doc__ or ""),
+    "moe-tiny": BuiltinInfo(moe_tiny, 8, moe_tiny.__doc__ or ""),
+    "t5-tiny": BuiltinInfo(t5_tiny, 8, t5_tiny.__doc__ or ""),
+    "convnext-tiny": BuiltinInfo(convnext_tiny, 32, convnext_tiny.__doc__ or ""),
+    "lstm-lm": BuiltinInfo(lstm_lm, 16, lstm_lm.__doc__ or ""),
+    "wide-recsys": BuiltinInfo(wide_recsys, 1024, wide_recsys.__doc__ or ""),
 }
 DEFAULT_BATCH_SIZE = 32
 

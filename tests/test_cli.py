@@ -95,3 +95,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message, strategy_text
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_workloads_lists_every_builtin_with_its_batch():
+    from autosync.workloads import BUILTINS
+
+    out = subprocess.run([sys.executable, "-m", "autosync.cli", "workloads"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == list(BUILTINS)
+    assert all(f"batch {BUILTINS[line.split()[0]].batch_size} " in line for line in lines)

@@ -106,7 +106,7 @@ def test_a_half_speed_host_sets_the_bsp_step_time():
     cluster = parse_cluster("2x1@10gbit;node1=cpu:0.5")
     spec = TrialSpec("resnet-tiny", DEFAULT, 32, warmup_steps=1, steps=3)
     with EmulatedCluster(cluster) as emu, emu.pool() as pool:
-        speeds = check_compute(pool, cluster, emu.limits, seconds=1.0)
+        speeds = check_compute(pool, cluster, emu.limits, seconds=1.5)
         uneven, _ = measure(pool, spec, timeout=180)
         emu.limits.lift(True)
         even, _ = measure(pool, spec, timeout=180)

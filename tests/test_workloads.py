@@ -43,3 +43,36 @@ def test_user_workload_from_file_and_module(tmp_path, monkeypatch):
     model, make_batch = workloads.build("mine:build")
     with pytest.raises(workloads.WorkloadError, match="scalar loss"):
         workloads.check_batch("mine:build", model, make_batch, 2)
+
+
+def test_the_moe_decoder_leaves_experts_no_token_chose_with_a_zero_gradient():
+    model, make_batch = workloads.build("moe-tiny")
+    batch = make_batch(1, torch.Generator().manual_seed(0))
+    batch = {k: v[:, :3] for k, v in batch.items()}            # 3 tokens x top-2 reach at most 6 of 8 experts
+    workloads.loss_of(model(**batch)).backward()
+    grad = model.model.layers[0].mlp.experts.gate_up_proj.grad
+    touched = (grad.flatten(1).abs().sum(1) != 0).sum().item()
+    assert 1 <= touched <= 6 < grad.shape[0]
+
+
+def test_the_recommender_has_several_tables_and_draws_ids_by_a_power_law():
+    model, make_batch = workloads.build("wide-recsys")
+    emb = workloads.embedding_parameter_names(model)
+    assert len(emb) == 16                                          # 8 deep tables, 8 wide (scalar) ones
+    sizes = dict((n, p.numel()) for n, p in model.named_parameters())
+    assert sum(sizes[n] for n in emb) > 0.95 * sum(sizes.values())
+    batch = make_batch(1024, torch.Generator().manual_seed(0))
+    first = batch["ids"][:, 0]
+    assert (first < 100).float().mean() > 0.3                     # the head of the Zipf law recurs
+    assert 0.3 < batch["labels"].mean().item() < 0.7
+
+
+def test_the_campaign_leaves_out_contexts_whose_default_cannot_fit_a_trial():
+    from autosync.cluster import Cluster
+    from autosync.datasets.campaign import default_comm_s, too_slow
+
+    mb = 1 << 20
+    assert abs(default_comm_s(100 * mb, Cluster.parse("2x1@1gbit")) - 100 * mb * 8 / 1e9) < 1e-9
+    assert default_comm_s(100 * mb, Cluster.parse("3x1@1gbit;node2=100mbit")) > 10 * default_comm_s(
+        100 * mb, Cluster.parse("3x1@1gbit"))
+    assert too_slow(160 * mb, Cluster.parse("2x1@100mbit")) and not too_slow(160 * mb, Cluster.parse("2x1@1gbit"))

@@ -126,23 +126,32 @@ def _compute_task(ctx: RankContext, seconds: float) -> float:
 
 
 def check_compute(pool: RankPool, cluster: Cluster, limits=None, seconds: float = 2.0,
-                  timeout: float = 300.0) -> list[ComputeMeasurement]:
+                  timeout: float = 300.0, rounds: int = 3) -> list[ComputeMeasurement]:
     """Measure each host's compute speed on the ranks of ``pool``.
 
-    Every rank runs the same matrix products for ``seconds``, all at once, twice: with the CPU
-    limits of ``limits`` (an :class:`~autosync.executor.emulate.CpuLimits`) lifted (the
-    full-share reference) and applied; a host's speed is its ranks' median rate ratio. Without
-    ``limits`` (a real cluster, or even compute) it is each host's rate over the fastest host's.
+    Every rank runs the same matrix products, all at once, in ``rounds`` interleaved pairs of
+    ``seconds / rounds / 2`` each: with the CPU limits of ``limits`` (an
+    :class:`~autosync.executor.emulate.CpuLimits`) lifted (the full-share reference) and applied.
+    A rank's speed is its median limited rate over its best reference rate (load from elsewhere
+    for a moment lowers one reference round, not the reference: CI once read 0.79 for a host at
+    0.5 from a single reference taken under load); a host's speed is its ranks' median. Without
+    ``limits`` (a real cluster, or even compute) it is each host's median rate over the fastest host's.
     """
-    if limits is not None:
-        limits.lift(True)
-        try:
-            free = pool.run(_compute_task, seconds, timeout=timeout)
-        finally:
-            limits.lift(False)
-    rates = pool.run(_compute_task, seconds, timeout=timeout)
     if limits is None:
+        rates = [statistics.median(r) for r in zip(*(pool.run(_compute_task, seconds / rounds, timeout=timeout)
+                                                       for _ in range(rounds)))]
         free = [max(rates)] * len(rates)
+    else:
+        frees, limited = [], []
+        for _ in range(rounds):
+            limits.lift(True)
+            try:
+                frees.append(pool.run(_compute_task, seconds / rounds / 2, timeout=timeout))
+            finally:
+                limits.lift(False)
+            limited.append(pool.run(_compute_task, seconds / rounds / 2, timeout=timeout))
+        free = [max(r) for r in zip(*frees)]
+        rates = [statistics.median(r) for r in zip(*limited)]
     out = []
     for host in range(cluster.nodes):
         ranks = range(host * cluster.ranks_per_node, (host + 1) * cluster.ranks_per_node)

@@ -1,0 +1,148 @@
+"""Dataset v2's collection campaign: which contexts, in which order, how many trials. It resumes.
+
+    python -m autosync.datasets.campaign [--data DIR] [--stop-after MINUTES] [--passes 1 2 3] [--dry-run]
+
+Contexts: every built-in workload (:data:`autosync.workloads.BUILTINS`) on every cluster of
+:data:`CLUSTERS`, less those already in the shipped dataset (v1) and those :func:`too_slow` for this
+machine. Each context gets the hand-crafted baselines and then random strategies from the full space
+(sync modes, sfb, selective and ZeRO included: :mod:`autosync.search.space`), measured by
+:func:`autosync.api.collect` on the emulated cluster.
+
+The campaign runs in *passes* of growing depth (:data:`PASSES`: random strategies per context after the
+baselines), every context before any gets deeper, so a campaign stopped early still covers every context.
+The random draws of a context are seeded by the context and a deeper pass draws the same first ones, so a
+pass skips what an earlier pass (or an interrupted run) stored: the same command always means the same
+trials. One line per context goes to ``campaign.jsonl`` in the data folder (start, end, counts): the time
+spent, for the datasheet.
+
+Collect alone on the machine: tests or builds beside it skew the timings.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from autosync.cluster import Cluster
+
+V2_DATA = Path(__file__).parent / "v2"
+CLUSTERS = [
+    # dataset v1's seven
+    "2x1@50mbit", "2x1@100mbit", "2x1@1gbit;node1=100mbit", "4x1@500mbit", "2x1@1gbit", "2x2@1gbit", "2x1@10gbit",
+    # v2: three hosts, uneven links, uneven compute, intermittent stragglers, a lossy link, 2 ranks/host slow
+    "3x1@200mbit", "3x1@1gbit;node2=100mbit", "2x1@1gbit;node1=cpu:0.5", "4x1@1gbit;stragglers=3x@20%",
+    "2x1@500mbit,0ms,loss=1%", "2x2@100mbit", "3x1@10gbit",
+]
+PASSES = (4, 10, 20)
+MAX_DEFAULT_COMM_S = 6.0
+
+
+def default_comm_s(n_bytes: int, cluster: Cluster) -> float:
+    """Seconds a ring all-reduce of ``n_bytes`` needs over the cluster's slowest host link (bandwidth term only:
+    each host sends 2 (N-1)/N of the bytes, N = hosts)."""
+    n = cluster.nodes
+    rate = min([cluster.link.rate_bps] + [link.rate_bps for _, link in cluster.overrides])
+    return 2 * (n - 1) / n * n_bytes * 8 / rate if n > 1 else 0.0
+
+
+def too_slow(n_bytes: int, cluster: Cluster) -> bool:
+    """A context whose DDP default would spend more than MAX_DEFAULT_COMM_S per step on the wire alone: a trial
+    (2 warm-up + 3 timed steps at least, every baseline) would not fit its 90 s limit on this machine."""
+    return default_comm_s(n_bytes, cluster) > MAX_DEFAULT_COMM_S
+
+
+def model_bytes() -> dict[str, int]:
+    """Gradient bytes (fp32) of every built-in workload's model."""
+    from autosync import workloads
+
+    out = {}
+    for name in workloads.BUILTINS:
+        model, _ = workloads.build(name)
+        out[name] = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return out
+
+
+def plan(shipped_ids: set[str]) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """(cluster, workloads) in campaign order, and the contexts left out with why."""
+    from autosync import workloads
+    from autosync.context import Context
+
+    sizes = model_bytes()
+    order, skipped = [], []
+    for spec in CLUSTERS[7:] + CLUSTERS[:7]:      # the new clusters first
+        cluster = Cluster.parse(spec)
+        names = []
+        for name in workloads.BUILTINS:
+            if Context.of(name, workloads.default_batch_size(name), cluster).id in shipped_ids:
+                continue
+            if too_slow(sizes[name], cluster):
+                skipped.append(f"{name} on {spec}: the default's all-reduce alone needs "
+                               f"{default_comm_s(sizes[name], cluster):.0f} s per step")
+                continue
+            names.append(name)
+        if names:
+            order.append((spec, names))
+    return order, skipped
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m autosync.datasets.campaign", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=str(V2_DATA), help="dataset folder (default: autosync/datasets/v2)")
+    ap.add_argument("--passes", type=int, nargs="+", default=list(range(1, len(PASSES) + 1)),
+                    help=f"which passes to run (random strategies per context: {PASSES})")
+    ap.add_argument("--stop-after", type=float, default=None, metavar="MINUTES",
+                    help="start no new context after this many minutes (a running one finishes)")
+    ap.add_argument("--dry-run", action="store_true", help="print the contexts and what is left out, measure nothing")
+    args = ap.parse_args(argv)
+    from autosync import api
+    from autosync.datasets.store import DatasetStore
+    from autosync.executor.emulate import emulate
+    from autosync.search.collect import collect
+    from autosync.search.trials import TrialSettings
+
+    shipped = DatasetStore(api.SHIPPED_DATA, create=False).read()
+    order, skipped = plan(set(shipped["context_id"]))
+    n = sum(len(w) for _, w in order)
+    print(f"campaign: {n} contexts on {len(order)} clusters; {len(skipped)} left out:", *skipped, sep="\n  ")
+    if args.dry_run:
+        for spec, names in order:
+            print(f"{spec}: {' '.join(names)}")
+        return 0
+    for spec, _ in order:
+        api.check_faithful(Cluster.parse(spec), False, "collect")
+    store = DatasetStore(args.data)
+    log = Path(args.data) / "campaign.jsonl"
+    settings = TrialSettings()
+    t_start = time.monotonic()
+    for p in args.passes:
+        per_context = PASSES[p - 1]
+        for spec, names in order:
+            cluster = Cluster.parse(spec)
+            with emulate(cluster) as emu, emu.pool() as pool:
+                for name in names:
+                    if args.stop_after is not None and time.monotonic() - t_start > args.stop_after * 60:
+                        print("campaign: --stop-after reached; the same command goes on from here", flush=True)
+                        return 0
+                    t0 = time.time()
+                    counts = collect([name], [cluster], store, per_context, settings, progress=False,
+                                     ranks=lambda c: contextlib.nullcontext(pool))
+                    line = {"pass": p, "per_context": per_context, "workload": name, "cluster": spec,
+                            "start": t0, "end": time.time(), **counts}
+                    with log.open("a") as f:
+                        f.write(json.dumps(line) + "\n")
+                    print(f"pass {p} {name} on {spec}: {counts} in {line['end'] - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    from autosync.errors import UserError
+
+    try:
+        sys.exit(main())
+    except UserError as e:
+        print(f"campaign: {e}", file=sys.stderr)
+        sys.exit(2)
