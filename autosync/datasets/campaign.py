@@ -128,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
                         print("campaign: --stop-after reached; the same command goes on from here", flush=True)
                         return 0
                     t0 = time.time()
-                    counts = collect([name], [cluster], store, per_context, settings, progress=False,
-                                     ranks=lambda c: contextlib.nullcontext(pool))
+                    try:
+                        counts = collect([name], [cluster], store, per_context, settings, progress=False,
+                                         ranks=lambda c: contextlib.nullcontext(pool))
+                    except Exception as e:   # a context that cannot be profiled: say so, go on with fresh ranks
+                        counts = {"error": f"{type(e).__name__}: {e}"[:500]}
+                        pool.start()
                     line = {"pass": p, "per_context": per_context, "workload": name, "cluster": spec,
                             "start": t0, "end": time.time(), **counts}
                     with log.open("a") as f:
