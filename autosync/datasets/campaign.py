@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(V2_DATA), help="dataset folder (default: autosync/datasets/v2)")
     ap.add_argument("--passes", type=int, nargs="+", default=list(range(1, len(PASSES) + 1)),
+                    choices=range(1, len(PASSES) + 1), metavar="N",
                     help=f"which passes to run (random strategies per context: {PASSES})")
     ap.add_argument("--stop-after", type=float, default=None, metavar="MINUTES",
                     help="start no new context after this many minutes (a running one finishes)")
@@ -142,11 +143,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _terminate(signum, frame):   # SIGTERM cleans up like Ctrl-C: the emulated cluster's context managers run
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    import signal
+
     from autosync.errors import UserError
 
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         sys.exit(main())
     except UserError as e:
         print(f"campaign: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("campaign: interrupted; the same command goes on from here (the trial it was in is measured again)",
+              file=sys.stderr)
+        sys.exit(130)
