@@ -106,6 +106,11 @@ class Cluster:
     def link_of(self, node: int) -> Link:
         return dict(self.overrides).get(node, self.link)
 
+    @property
+    def slowest_rate_bps(self) -> float:
+        """The rate of the slowest host link (what a ring all-reduce across hosts is bound by)."""
+        return min(self.link_of(k).rate_bps for k in range(self.nodes))
+
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node
 

@@ -44,8 +44,7 @@ def default_comm_s(n_bytes: int, cluster: Cluster) -> float:
     """Seconds a ring all-reduce of ``n_bytes`` needs over the cluster's slowest host link (bandwidth term only:
     each host sends 2 (N-1)/N of the bytes, N = hosts)."""
     n = cluster.nodes
-    rate = min([cluster.link.rate_bps] + [link.rate_bps for _, link in cluster.overrides])
-    return 2 * (n - 1) / n * n_bytes * 8 / rate if n > 1 else 0.0
+    return 2 * (n - 1) / n * n_bytes * 8 / cluster.slowest_rate_bps if n > 1 else 0.0
 
 
 def too_slow(n_bytes: int, cluster: Cluster) -> bool:

@@ -42,7 +42,7 @@ def context_row(profile: Profile) -> dict:
     return {
         "context_id": profile.context_id, "workload": m.workload, "cluster": c.spec(), "world_size": c.world_size,
         "nodes": c.nodes, "ranks_per_node": c.ranks_per_node,
-        "bandwidth_bps": min(c.link_of(k).rate_bps for k in range(c.nodes)),
+        "bandwidth_bps": c.slowest_rate_bps,
         "latency_s": max(c.link_of(k).latency_s for k in range(c.nodes)), "heterogeneous": c.heterogeneous,
         "batch_size": m.batch_size, "n_params": sum(p.numel for p in m.params), "n_tensors": len(m.params),
         "model_bytes": m.total_bytes, "embedding_bytes_frac": emb / max(m.total_bytes, 1),
