@@ -13,6 +13,7 @@ from typing import Callable
 from autosync import workloads
 from autosync.cluster import Cluster, parse_cluster
 from autosync.context import Context
+from autosync.datasets import SHIPPED_DATA
 from autosync.datasets.store import DatasetStore
 from autosync.errors import UserError
 from autosync.outputs import check_output
@@ -20,7 +21,6 @@ from autosync.strategy import Strategy, load_strategy
 
 log = logging.getLogger(__name__)
 DEFAULT_STORAGE = "sqlite:///autosync-tune.db"
-SHIPPED_DATA = Path(__file__).parent / "datasets" / "data"
 
 
 def resolve_workload(workload_or_model, make_batch: Callable | None = None, batch_size: int | None = None):

@@ -434,12 +434,11 @@ SHIPPED_DATA = "shipped"
 
 
 def _data_store(path: str):
-    from pathlib import Path
-
+    from autosync import datasets
     from autosync.datasets.store import DatasetStore
 
     if path == SHIPPED_DATA:
-        path = str(Path(__file__).parent / "datasets" / "data")
+        path = str(datasets.SHIPPED_DATA)
     store = DatasetStore(path, create=False)
     return store
 

@@ -3,15 +3,15 @@
     python bench/datasheet_stats.py [--data autosync/datasets/data]  ->  bench/results/datasheet_stats.md
 """
 import argparse
-from pathlib import Path
 
+from autosync.datasets import SHIPPED_DATA
 from autosync.datasets.store import DatasetStore
 from _results import RESULTS, write as write_result
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--data", default=str(Path(__file__).parent.parent / "autosync" / "datasets" / "data"))
+    ap.add_argument("--data", default=str(SHIPPED_DATA))
     args = ap.parse_args()
     df = DatasetStore(args.data, create=False).read()
     ok = df[df.status == "ok"]

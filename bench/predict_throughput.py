@@ -16,7 +16,8 @@ import torch
 
 from autosync.models.features import feature_matrix, featurize
 from autosync.models.ranker import CostModel
-from autosync.models.train import PRETRAINED, SHIPPED_DATA
+from autosync.datasets import SHIPPED_DATA
+from autosync.models.train import PRETRAINED
 from autosync.profiler import Profile
 from autosync.search.space import random_strategies
 from _results import RESULTS, write as write_result

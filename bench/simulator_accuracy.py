@@ -13,6 +13,7 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
+from autosync.datasets import SHIPPED_DATA
 from autosync.datasets.store import DatasetStore
 from autosync.models.simulator import simulate
 from autosync.profiler import Profile
@@ -22,7 +23,7 @@ from _results import RESULTS, write as write_result
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(Path(__file__).parent.parent / "autosync" / "datasets" / "data"))
+    ap.add_argument("--data", default=str(SHIPPED_DATA))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "simulator_accuracy.md"))
     args = ap.parse_args()
     store = DatasetStore(args.data, create=False)

@@ -32,7 +32,7 @@ from autosync.datasets.store import DatasetStore
 from autosync.efficiency import CurveSpec, EfficiencyMeter, measure_curve, smooth, target
 from autosync.models import training
 from autosync.models.efficiency_model import EfficiencyModel, fit_store
-from autosync.models.train import SHIPPED_DATA
+from autosync.datasets import SHIPPED_DATA
 from autosync.profiler import Profile
 from autosync.search.baselines import baselines
 from autosync.search.collect import context_profile

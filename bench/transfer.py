@@ -11,8 +11,8 @@ workload out, against predicting the training rows' mean; its card is rewritten.
                                                                  autosync/models/pretrained/efficiency/card.json
 """
 import argparse
-from pathlib import Path
 
+from autosync.datasets import SHIPPED_DATA
 from autosync.datasets.store import DatasetStore
 from autosync.models import efficiency_model, training, transfer, uncertainty
 from _results import RESULTS, write as write_result
@@ -20,7 +20,7 @@ from _results import RESULTS, write as write_result
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(Path(__file__).parent.parent / "autosync" / "datasets" / "data"))
+    ap.add_argument("--data", default=str(SHIPPED_DATA))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     store = DatasetStore(args.data, create=False)

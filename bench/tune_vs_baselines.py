@@ -31,7 +31,7 @@ from autosync.executor.emulate import emulate
 from autosync.context import Context
 from autosync.models import training
 from autosync.models.ranker import CostModel
-from autosync.models.train import SHIPPED_DATA
+from autosync.datasets import SHIPPED_DATA
 from autosync.profiler import Profile
 from autosync.profiler.profile import run_profile
 from autosync.search.baselines import baselines

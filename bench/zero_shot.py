@@ -25,7 +25,7 @@ from autosync.api import load_model
 from autosync.context import Context
 from autosync.datasets.store import DatasetStore
 from autosync.models import training, uncertainty
-from autosync.models.train import SHIPPED_DATA
+from autosync.datasets import SHIPPED_DATA
 from autosync.profiler import Profile
 from autosync.search.collect import context_profile
 from autosync.search.trials import TrialSettings, measure_strategy

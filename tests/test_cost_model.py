@@ -9,7 +9,8 @@ from autosync.datasets.store import DatasetStore
 from autosync.models import training, transfer
 from autosync.models.features import FEATURES
 from autosync.models.ranker import CostModel, ModelError
-from autosync.models.train import PRETRAINED, SHIPPED_DATA
+from autosync.datasets import SHIPPED_DATA
+from autosync.models.train import PRETRAINED
 
 pytestmark = pytest.mark.skipif(not (SHIPPED_DATA / "profiles").is_dir(), reason="no shipped dataset")
 

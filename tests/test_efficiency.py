@@ -98,3 +98,14 @@ def test_meter_stores_measures_once_and_reads_it_back(tmp_path):
         assert meter._pool is None, "asp must train on the cluster's ranks, not on the meter's loopback ranks"
         assert meter.stored(asp)["efficiency_key"] == row["efficiency_key"]
         assert meter.measure(psgd)["efficiency_key"] == rows.efficiency_key[~(rows.lossy_key == "lossless")].iloc[0]
+
+
+def test_the_efficiency_model_can_be_fitted_without_one_workload():
+    from autosync.datasets import SHIPPED_DATA
+    from autosync.models.efficiency_model import fit_store, training_rows
+
+    store = DatasetStore(SHIPPED_DATA, create=False)
+    frame, _ = training_rows(store)
+    held = frame.workload.value_counts().index[0]
+    full, without = fit_store(store), fit_store(store, without_workload=held)
+    assert full.rows == len(frame) and without.rows == len(frame) - int((frame.workload == held).sum()) > 0

@@ -15,7 +15,8 @@ from autosync.executor.linkcheck import check_compute, check_links, check_paths
 from autosync.executor.measure import TrialSpec, measure
 from autosync.strategy import Strategy
 
-pytestmark = [pytest.mark.skipif(not can_emulate()[0], reason=f"cannot emulate here: {can_emulate()[1]}"),
+pytestmark = [pytest.mark.serial,
+              pytest.mark.skipif(not can_emulate()[0], reason=f"cannot emulate here: {can_emulate()[1]}"),
               pytest.mark.usefixtures("no_leftover_ranks")]
 DEFAULT = Strategy.default().canonical()
 POWERSGD = Strategy.from_dict({"groups": [{"compressor": {"name": "powersgd", "rank": 4}}]}).canonical()

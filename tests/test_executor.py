@@ -31,7 +31,7 @@ LOSSLESS = {
 }
 
 
-def _spec(workload, strategy, batch, steps=20, **kw):
+def _spec(workload, strategy, batch, steps=8, **kw):   # a wrong sum shows at the first step; 8 let it compound
     return TrialSpec(workload, strategy, batch, warmup_steps=0, steps=steps, lr=0.05, record_params=True, **kw)
 
 
@@ -48,7 +48,7 @@ def test_lossless_plans_match_plain_ddp(world, ranks_per_host):
             bad = params_close(ref_params, params)
             if bad:
                 mismatched[name] = bad
-        assert not mismatched, f"parameters differ from plain DDP after 20 steps: {mismatched}"
+        assert not mismatched, f"parameters differ from plain DDP after 8 steps: {mismatched}"
 
 
 @pytest.mark.parametrize("world", [2])   # 4 ranks took 30 s of the suite; the 4-rank lossless-plans test stays
@@ -91,19 +91,19 @@ def test_local_sgd_ranks_drift_apart_between_averaging_rounds():
 FAULTS = "tests/fixtures/faulty.py"
 
 
-@pytest.mark.parametrize("workload, status, reason", [
-    (f"{FAULTS}:abort_on_rank1", "failed", "rank 1 died (SIGABRT)"),
-    (f"{FAULTS}:hang_on_rank1", "timeout", "did not finish within 15 s"),
-    (f"{FAULTS}:mismatched_shapes", "failed", "rank"),
+@pytest.mark.parametrize("workload, status, reason, limit", [
+    (f"{FAULTS}:abort_on_rank1", "failed", "rank 1 died (SIGABRT)", 15),
+    (f"{FAULTS}:hang_on_rank1", "timeout", "did not finish within 8 s", 8),   # the hang waits for all of it
+    (f"{FAULTS}:mismatched_shapes", "failed", "rank", 15),
 ])
-def test_a_failing_trial_ends_within_its_time_limit_and_kills_every_rank(workload, status, reason):
+def test_a_failing_trial_ends_within_its_time_limit_and_kills_every_rank(workload, status, reason, limit):
     pool = RankPool(2)
     try:
         t0 = time.monotonic()
-        result, _ = measure(pool, TrialSpec(workload, Strategy.default().canonical(), 8, steps=5), timeout=15)
+        result, _ = measure(pool, TrialSpec(workload, Strategy.default().canonical(), 8, steps=5), timeout=limit)
         elapsed = time.monotonic() - t0
         assert result.status == status and reason in result.reason, result
-        assert elapsed < 15 + 10
+        assert elapsed < limit + 10
         assert not pool.alive
         # the pool recovers: the next trial starts fresh ranks and succeeds
         ok, _ = measure(pool, TrialSpec("mlp", Strategy.default().canonical(), 8, steps=2), timeout=60)

@@ -54,6 +54,7 @@ def _allreduce_seconds(ctx, nbytes, reps):
 
 
 @pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
+@pytest.mark.serial
 @pytest.mark.parametrize("spec", ["2x1@1gbit"])  # 4x1@100mbit (35 s) dropped to keep make test under 15 min
 def test_alpha_beta_fit_predicts_a_32mib_all_reduce_within_20_percent(spec):
     cluster = parse_cluster(spec)

@@ -8,7 +8,7 @@ import pytest
 from autosync.datasets.store import DatasetStore
 from autosync.models import training, uncertainty
 from autosync.models.features import featurize
-from autosync.models.train import SHIPPED_DATA
+from autosync.datasets import SHIPPED_DATA
 
 
 @pytest.fixture(scope="module")

@@ -76,3 +76,12 @@ def test_the_campaign_leaves_out_contexts_whose_default_cannot_fit_a_trial():
     assert default_comm_s(100 * mb, Cluster.parse("3x1@1gbit;node2=100mbit")) > 10 * default_comm_s(
         100 * mb, Cluster.parse("3x1@1gbit"))
     assert too_slow(160 * mb, Cluster.parse("2x1@100mbit")) and not too_slow(160 * mb, Cluster.parse("2x1@1gbit"))
+
+
+def test_a_resumed_campaign_logs_only_contexts_it_measured_something_in():
+    from autosync.datasets.campaign import _resumed_only
+
+    assert _resumed_only({"ok": 0, "failed": 0, "timeout": 0, "skipped": 17})
+    assert not _resumed_only({"ok": 3, "failed": 0, "timeout": 0, "skipped": 14}), "a partly resumed context is logged"
+    assert not _resumed_only({"ok": 0, "failed": 1, "timeout": 0, "skipped": 16})
+    assert not _resumed_only({"error": "RuntimeError: profiling failed"})

@@ -136,10 +136,16 @@ def main(argv: list[str] | None = None) -> int:
                         pool.start()
                     line = {"pass": p, "per_context": per_context, "workload": name, "cluster": spec,
                             "start": t0, "end": time.time(), **counts}
-                    with log.open("a") as f:
-                        f.write(json.dumps(line) + "\n")
+                    if not _resumed_only(counts):
+                        with log.open("a") as f:     # a context a resumed run only skipped is not logged again
+                            f.write(json.dumps(line) + "\n")
                     print(f"pass {p} {name} on {spec}: {counts} in {line['end'] - t0:.0f} s", flush=True)
     return 0
+
+
+def _resumed_only(counts: dict) -> bool:
+    """True when a context measured nothing new: every trial it wanted was stored already."""
+    return counts.get("skipped", 0) > 0 and not any(v for k, v in counts.items() if k != "skipped")
 
 
 def _terminate(signum, frame):   # SIGTERM cleans up like Ctrl-C: the emulated cluster's context managers run

@@ -137,8 +137,13 @@ class EfficiencyModel:
         return eff, lo, hi
 
 
-def fit_store(store, seed: int = 0) -> EfficiencyModel:
+def fit_store(store, seed: int = 0, without_workload: str | None = None) -> EfficiencyModel:
+    """The efficiency model fitted to ``store``'s efficiency table (less ``without_workload``'s rows: what a
+    workload the dataset has never seen gets)."""
     frame, X = training_rows(store)
+    if without_workload is not None:
+        keep = (frame.workload != without_workload).to_numpy()
+        frame, X = frame[keep], X[keep]
     model = EfficiencyModel().fit(X, frame.efficiency.to_numpy(), seed)
     try:
         model.interval_q = float(json.loads(CARD.read_text())["held_out_workload"]["interval_q"])

@@ -8,7 +8,6 @@ from autosync.models import training, transfer
 from autosync.models.ranker import CostModel
 
 PRETRAINED = Path(__file__).parent / "pretrained"
-SHIPPED_DATA = Path(__file__).parent.parent / "datasets" / "data"
 
 
 def train_and_save(store: DatasetStore, out: str | Path, kind: str = "ranker", evaluate: bool = False,

@@ -16,7 +16,7 @@ from autosync.executor.emulate import EmulatedCluster, can_emulate, list_namespa
 from autosync.profiler.profile import nominal_profile
 from conftest import processes_under
 
-pytestmark = pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
+pytestmark = [pytest.mark.serial, pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")]
 FAULTS = str(Path(__file__).resolve().parents[1] / "fixtures" / "faulty.py")
 
 

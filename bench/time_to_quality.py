@@ -1,0 +1,316 @@
+"""Time to quality, end to end: `tune` (measure 8 and measure 0) against the DDP default, the best hand-crafted
+baseline and Optuna alone, with both models retrained *without the workload under test*.
+
+Per (workload, cluster) context, on one emulated cluster and one kept-alive rank pool:
+  DDP default     the lossless reference, trained to the target twice (first and last: its spread is the
+                  measured noise of a time to target)
+  best baseline   every hand-crafted baseline measured (samples/s); the fastest is trained (what a person reading
+                  a throughput benchmark of the baselines would pick)
+  Optuna alone    Optuna TPE over the same space, ``--measure`` real trials with the measured samples/s as
+                  objective, then what tune does with its finalists (the efficiency of the lossy ones among the
+                  ``--finalists`` best measured, ``--confirm-rounds`` interleaved re-measurements) and the pick by
+                  goodput: tune's pipeline without the cost model
+  tune m0         `tune --measure 0`: the cost model and the efficiency model alone (prediction-only profile)
+  tune m8         `tune --measure 8` (the CLI's defaults: time-to-loss objective, 3 confirmation rounds)
+The cost model (regressor) and the efficiency model are fitted to ``--data`` less every row of the workload under
+test; the tunes' efficiency measurements start from nothing but the DDP default's reference curves, each arm in its
+own store (reused across clusters, as a user's would be: asp's are per cluster).
+
+Each pick then trains on the emulated cluster with the efficiency protocol (bench/time_to_loss.py's
+``time_to_target``: same initial weights, data order and Adam lr 1e-3 as the references) until the consensus
+model's smoothed held-out loss reaches L* (the references' loss at 3/4 of the efficiency horizon). The table gives
+the training time to L* ("train x": the default's median time / the pick's) and end to end ("e2e x": search time
+plus training time, against the default's training time; the reference curves are not counted, every arm needs
+them). A context whose DDP default would spend more than the campaign's limit per step on the wire is left out
+(autosync.datasets.campaign.too_slow), and the table says which.
+
+Resumable: finished contexts are kept in ``--work`` (rows.jsonl) and skipped.
+
+    python bench/time_to_quality.py [--workloads ...] [--clusters ...] [--measure 8] [--work DIR]
+"""
+import argparse
+import json
+import math
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import optuna
+
+from autosync import workloads as W
+from autosync.cluster import Cluster, ClusterSpecError
+from autosync.context import Context
+from autosync.datasets.campaign import model_bytes, too_slow
+from autosync.datasets.store import DatasetStore
+from autosync.efficiency import REFERENCE_SEEDS, EfficiencyMeter, reference_key, target
+from autosync.models import training
+from autosync.models.efficiency_model import EfficiencyModel, fit_store
+from autosync.models.ranker import CostModel
+from autosync.models import uncertainty
+from autosync.datasets import SHIPPED_DATA
+from autosync.profiler import Profile
+from autosync.profiler.profile import nominal_profile
+from autosync.search.baselines import baselines
+from autosync.search.collect import context_profile
+from autosync.search.space import suggest
+from autosync.search.trials import TrialSettings, measure_strategy
+from autosync.search.tuner import Measured, _confirm, _settle_efficiency, tune
+from autosync.strategy import Strategy
+from _results import RESULTS, load_rows, run_contexts, speedup_bars, write as write_result
+from time_to_loss import fmt_time, time_to_target
+
+ARMS = ("DDP default", "best baseline", "Optuna alone", "tune m0", "tune m8")
+CLUSTERS = ["2x1@1gbit", "2x1@1gbit;node1=cpu:0.5", "4x1@1gbit;stragglers=3x@20%", "3x1@200mbit"]
+
+
+class _References:
+    """A read-only view of stores holding only the DDP default's reference rows of one (workload, batch, world):
+    what every arm's meter may reuse without seeing any measured efficiency of the workload under test."""
+
+    def __init__(self, stores, keys):
+        self.stores, self.keys = stores, set(keys)
+
+    def efficiency_rows(self):
+        return {k: r for s in self.stores for k, r in s.efficiency_rows().items() if k in self.keys}
+
+
+def optuna_alone(pool, profile, n, settings, seed, meter, confirm_rounds, finalists, say) -> tuple[Strategy, str]:
+    """TPE on ``n`` measured trials (samples/s), then tune's finalist steps; the pick by measured goodput."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+    measured = []
+    for i in range(n):
+        trial = study.ask()
+        strategy = suggest(trial, profile)
+        say(f"Optuna alone: trial {i + 1}/{n} {strategy.hash}")
+        r = measure_strategy(pool, profile, strategy, settings)
+        study.tell(trial, r.samples_per_s if r.ok else 0.0)
+        measured.append(Measured(f"optuna_{i}", strategy, float("nan"), r.status, r.samples_per_s, r.reason,
+                                 efficiency_source="lossless" if strategy.is_lossless else "predicted"))
+    _settle_efficiency(measured, meter, finalists, say)
+    _confirm(measured, "time-to-loss", confirm_rounds, lambda s: measure_strategy(pool, profile, s, settings), say)
+    best = max((m for m in measured if m.value("time-to-loss", True) > 0), key=lambda m: m.value("time-to-loss", True),
+               default=None)
+    return (best.strategy, best.source) if best else (Strategy.default(), "ddp_default (every trial failed)")
+
+
+def lowo_models(full, data, wl, seed):
+    """The cost model and efficiency model fitted without any row of workload ``wl``."""
+    loo = full.subset((full.frame.workload != wl).to_numpy())
+    cost = CostModel("regressor").fit(loo.X, loo.log_speedup, loo.relevance, loo.groups(), seed)
+    try:
+        eff = fit_store(data, seed, without_workload=wl)
+    except ValueError:
+        eff = EfficiencyModel()
+    return loo, cost, eff
+
+
+def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say, sizes):
+    batch = W.default_batch_size(wl)
+    row = {"workload": wl, "cluster": spec}
+    if too_slow(sizes[wl], cluster):
+        row["left_out"] = "the default's all-reduce alone is over the campaign's per-step limit"
+        return row
+    ctx = Context.on(pool, wl, batch, cluster).id
+    raw = data.load_profile_dict(ctx)
+    profile = Profile.from_dict(raw) if raw else context_profile(DatasetStore(work / "profiles"), pool, cluster, wl,
+                                                                 batch, say)
+    base, cost_model, eff_model = lowo_models(full, data, wl, args.seed)
+    scratch = work / "contexts" / "".join(c if c.isalnum() or c in "-_.@" else "_" for c in ctx)
+    shutil.rmtree(scratch, ignore_errors=True)     # an interrupted context starts over: no trials from before
+    scratch.mkdir(parents=True)
+    card = uncertainty.load_card()
+    refs_store = DatasetStore(work / "references")
+    world, rph = cluster.world_size, cluster.ranks_per_node
+    with EfficiencyMeter(refs_store, wl, batch, world, rph, also=[data], progress=say) as ref_meter:
+        goal = target(ref_meter.references(), ref_meter.horizon)
+        keys = [reference_key(str(wl), batch, world, s) for s in range(REFERENCE_SEEDS)]
+        refs = _References([refs_store, data], keys)
+        noise = ref_meter.noise_scale()
+    row["target_loss"] = goal
+
+    def meter(arm):
+        m = EfficiencyMeter(DatasetStore(work / f"efficiency-{arm.replace(' ', '-')}"), wl, batch, world, rph,
+                            also=[refs], progress=say)
+        m.on_cluster(pool, cluster.spec())
+        return m
+
+    picks, search = {"DDP default": (Strategy.default(), "ddp_default")}, {"DDP default": 0.0}
+    t0 = time.monotonic()
+    hand = baselines(profile)
+    thr = {n: measure_strategy(pool, profile, s, settings) for n, s in hand.items()}
+    best = max((n for n in hand if n != "ddp_default" and thr[n].ok), key=lambda n: thr[n].samples_per_s,
+               default="ddp_default")
+    picks["best baseline"], search["best baseline"] = (hand[best], best), time.monotonic() - t0
+    with meter("optuna") as m:
+        t0 = time.monotonic()
+        picks["Optuna alone"] = optuna_alone(pool, profile, args.measure, settings, args.seed, m,
+                                             args.confirm_rounds, args.finalists, say)
+        search["Optuna alone"] = time.monotonic() - t0
+    for arm, n in (("tune m0", 0), ("tune m8", args.measure)):
+        with meter("tune") as m:
+            t0 = time.monotonic()
+            prof = profile if n else nominal_profile(cluster, wl, batch)
+            result = tune(prof, cost_model, n, DatasetStore(scratch / f"trials-{arm.replace(' ', '-')}"),
+                          f"sqlite:///{scratch}/{arm.replace(' ', '-')}.db", pool if n else None, base, seed=args.seed,
+                          settings=settings, workload=wl, objective="time-to-loss", efficiency_model=eff_model,
+                          noise_scale=noise, meter=m if n else None, confirm_rounds=args.confirm_rounds,
+                          finalists=args.finalists, on_progress=say, intervals_card=card)
+            picks[arm], search[arm] = (result.strategy, result.source), time.monotonic() - t0
+            row[f"{arm} why"] = result.why
+    timed: dict[str, dict] = {}
+    with EfficiencyMeter(refs_store, wl, batch, world, rph, also=[data]) as train_meter:
+        say(f"{wl} {spec}: training the DDP default to L* = {goal:.4f}")
+        first = time_to_target(pool, wl, batch, Strategy.default(), goal, train_meter)
+        cap = args.cap * (first["time_s"] or first["trained_s"])
+        for arm in ARMS[1:]:
+            strategy, source = picks[arm]
+            if strategy.hash not in timed and strategy.hash != Strategy.default().hash:
+                say(f"{wl} {spec}: training {arm} ({source}) to L*")
+                timed[strategy.hash] = time_to_target(pool, wl, batch, strategy, goal, train_meter, cap)
+        say(f"{wl} {spec}: training the DDP default to L* again (its noise)")
+        last = time_to_target(pool, wl, batch, Strategy.default(), goal, train_meter)
+    defaults = [r["time_s"] for r in (first, last) if r["time_s"]]
+    default = dict(first, time_s=statistics.median(defaults) if defaults else None, runs=[first, last],
+                   spread=(max(defaults) - min(defaults)) / statistics.median(defaults) if len(defaults) > 1 else None)
+    timed[Strategy.default().hash] = default
+    for arm in ARMS:
+        strategy, source = picks[arm]
+        row[arm] = {"source": source, "search_s": search[arm], **timed[strategy.hash]}
+    return row
+
+
+def _x(r, d, e2e=False):
+    """The default's median time to L* over the arm's (0 = never reached)."""
+    if not r.get("time_s") or not d.get("time_s"):
+        return 0.0
+    return d["time_s"] / (r["time_s"] + (r["search_s"] if e2e else 0.0))
+
+
+def _slow(spec):
+    return Cluster.parse(spec).slowest_rate_bps <= 1e9
+
+
+def table(rows, args):
+    done = [r for r in rows if "left_out" not in r]
+    lines = ["# Time to quality, end to end: tune (measure 8, measure 0) vs the DDP default, the best baseline and "
+             "Optuna alone, models retrained without the workload under test", "",
+             "Wall-clock seconds of training (evaluations excluded) until the consensus model's smoothed held-out "
+             "loss reaches L*, measured on the emulated cluster (2-core CPU host, gloo). train x = the DDP default's "
+             "median time / the pick's; e2e x adds the arm's search seconds to the pick's time. LOSSY picks change "
+             "the math (compression, local SGD, relaxed sync); their time includes what that costs in convergence. "
+             f"'never' = L* not reached within {args.cap:g}x the default's time or 2x the horizon in steps. "
+             "noise = (max - min) / median of the default's two timed runs. Arms: see the script's docstring.", "",
+             "| workload | cluster | L* | default s (noise) | best baseline | x | Optuna alone | x | tune m0 | x | "
+             "tune m8 | s | train x | search s | e2e x |",
+             "|---|---|---:|---:|---|---:|---|---:|---|---:|---|---:|---:|---:|---:|"]
+    tag = lambda a: f"{a['source'][:24]} ({'LOSSY' if a['lossy'] else 'lossless'})"  # noqa: E731
+    for r in done:
+        d = r["DDP default"]
+        noise = f"{d['spread']:.0%}" if d.get("spread") is not None else "n/a"
+        b, o, z, t = (r[a] for a in ARMS[1:])
+        lines.append(f"| {r['workload']} | {r['cluster']} | {r['target_loss']:.3f} | {fmt_time(d)} ({noise}) | "
+                     f"{tag(b)} | {_x(b, d):.2f} | {tag(o)} | {_x(o, d):.2f} | {tag(z)} | {_x(z, d):.2f} | {tag(t)} | "
+                     f"{fmt_time(t)} | {_x(t, d):.2f} | {t['search_s']:.0f} | {_x(t, d, True):.2f} |")
+    left = [f"{r['workload']} on {r['cluster']}" for r in rows if "left_out" in r]
+    if left:
+        lines += ["", f"Left out ({len(left)}): {', '.join(left)}: the default's all-reduce alone is over the "
+                  "campaign's per-step limit on this machine."]
+
+    def ratios(sel, num, den=None):
+        out = []
+        for r in sel:
+            d = r["DDP default"]
+            a, b = _x(r[num], d), (_x(r[den], d) if den else 1.0)
+            out.append(a / b if b else (math.inf if a else float("nan")))
+        return out
+
+    def med(vals):
+        vals = [v for v in vals if not math.isnan(v)]
+        return f"{statistics.median(vals):.2f}" if vals else "n/a"
+
+    def worst(vals):
+        vals = [v for v in vals if not math.isnan(v)]
+        return f"{min(vals):.2f}" if vals else "n/a"
+
+    lines += ["", "| clusters | contexts | tune m8 / default | / best baseline | / Optuna alone | / tune m0 | "
+              "worst tune m8 / default | e2e tune m8 / default | slower than the default beyond its noise |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, sel in (("<= 1 gbit", [r for r in done if _slow(r["cluster"])]), ("all", done)):
+        if not sel:
+            continue
+        slower = [f"{r['workload']} {r['cluster']}" for r in sel
+                  if _x(r["tune m8"], r["DDP default"]) < 1 / (1 + (r["DDP default"].get("spread") or 0.0))]
+        lines.append(f"| {label} | {len(sel)} | {med(ratios(sel, 'tune m8'))} | "
+                     f"{med(ratios(sel, 'tune m8', 'best baseline'))} | {med(ratios(sel, 'tune m8', 'Optuna alone'))} | "
+                     f"{med(ratios(sel, 'tune m8', 'tune m0'))} | {worst(ratios(sel, 'tune m8'))} | "
+                     f"{med([_x(r['tune m8'], r['DDP default'], True) for r in sel])} | "
+                     f"{len(slower)}{': ' + ', '.join(slower) if slower else ''} |")
+    lines += ["", "Medians of per-context ratios (a ratio over an arm that never reached L* is inf and counts as a "
+              "win). One timed training per pick (two for the default): read differences within the noise column as "
+              "ties."]
+    why = [f"- {r['workload']} {r['cluster']}: {r['tune m8 why']}" for r in done if r.get("tune m8 why")]
+    if why:
+        lines += ["", "Why tune m8 did not take the fastest-per-step strategy:", "", *why]
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", nargs="+", default=list(W.BUILTINS), choices=list(W.BUILTINS), metavar="WORKLOAD")
+    ap.add_argument("--clusters", nargs="+", default=CLUSTERS)
+    ap.add_argument("--data", default=str(SHIPPED_DATA), help="dataset the models are fitted to (less the workload "
+                                                              "under test); default: the shipped one")
+    ap.add_argument("--measure", type=int, default=8, help="measured trials of tune and of Optuna alone (default 8)")
+    ap.add_argument("--confirm-rounds", type=int, default=3, help="as `autosync tune` (default 3)")
+    ap.add_argument("--finalists", type=int, default=3, help="as `autosync tune` (default 3)")
+    ap.add_argument("--cap", type=float, default=2.0, help="give up on a pick after this many times the default's "
+                                                           "time to target (default 2)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--work", default="/tmp/autosync-time-to-quality", help="resumable work directory")
+    ap.add_argument("--out", default=str(RESULTS / "time_to_quality.md"))
+    args = ap.parse_args()
+    for spec in args.clusters:
+        try:
+            Cluster.parse(spec)
+        except ClusterSpecError as e:
+            ap.error(f"--clusters: {e}")
+    if not (Path(args.data) / "profiles").is_dir():
+        ap.error(f"--data {args.data}: not a dataset folder (no profiles/)")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    done = set(load_rows(work))
+    data = DatasetStore(args.data, create=False)
+    full = training.build(data)
+    settings = TrialSettings()
+    sizes = model_bytes()
+
+    def say(msg):
+        print(f"  {msg}", flush=True)
+
+    def measure_one(pool, cluster, spec, wl, prior):
+        return run_context(pool, cluster, spec, wl, args, data, full, work, settings, say, sizes)
+
+    def show(row):
+        if "left_out" in row:
+            return f"{row['workload']} {row['cluster']}: left out ({row['left_out']})"
+        return (f"{row['workload']} {row['cluster']}: " + "  ".join(f"{a} {fmt_time(row[a])}" for a in ARMS)
+                + f"  ({row['bench_s']:.0f} s)")
+
+    rows = run_contexts(args, work, done, measure_one, show)
+    lines = table(rows, args)
+    write_result(args.out, lines)
+    print("\n".join(lines))
+    (Path(args.out).with_suffix(".json")).write_text(json.dumps(rows, indent=1, default=str))
+    _plot([r for r in rows if "left_out" not in r], Path(args.out).with_suffix(".png"))
+
+
+def _plot(rows, path):
+    speedup_bars([f"{r['workload']}\n{r['cluster']}" for r in rows],
+                 {a: [_x(r[a], r["DDP default"]) for r in rows] for a in ARMS[1:]},
+                 "time-to-target speedup over the DDP default\n(training time; 0 = never reached)", path)
+
+
+if __name__ == "__main__":
+    main()
