@@ -10,11 +10,11 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 # torch first, pinned to the CPU build on local disk, only when none is importable;
-# a bare "torch" requirement would otherwise pull a multi-GB CUDA build. --no-compile: modules are byte-compiled
-# when first imported (a minute less to set up; most of torch's files are never imported here).
+# a bare "torch" requirement would otherwise pull a multi-GB CUDA build. Not --no-compile: with PYTHONDONTWRITEBYTECODE
+# set (as here) every rank would compile torch from source at each start, which doubled the suite's time.
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q --no-compile torch==2.13.0
-	$(BIN)/pip install -q --no-compile -e '.[test]'
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
 # The main job: tune a workload for an emulated 2-host 100 Mbit/s cluster, then run the winner.
