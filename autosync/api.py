@@ -365,8 +365,8 @@ def tune(workload_or_model, make_batch: Callable | None = None, cluster: str | C
     statistical efficiency, measured for lossy finalists), ``throughput`` or ``lossless``; ``out`` also writes it as a strategy file (its folder is
     checked first). Without the rights to emulate it refuses, unless ``unshaped=True``.
 
-    Call it under ``if __name__ == "__main__":`` in a script: its rank processes are spawned and
-    re-import the main module (as with torch's ``mp.spawn``); a call at import time makes every rank
+    Call it under ``if __name__ == "__main__":`` in a script: its rank processes re-import the main
+    module (as with torch's ``mp.spawn``); a call at import time makes every rank
     try to start ranks of its own, and the failure says so.
     """
     from autosync.search.tuner import strategy_file_text

@@ -443,6 +443,38 @@ def _data_store(path: str):
     return store
 
 
+def _add_merge(sub) -> None:
+    p = sub.add_parser(
+        "merge", help="add the trials of other datasets to one",
+        description="Add every trial, efficiency measurement and profile of the SOURCE datasets to --data (created "
+                    "if missing). A row whose (context, strategy) is stored there already is kept as it is, so "
+                    "merging the same source twice adds nothing. Use it to pool datasets collected on several "
+                    "machines, or your own with the shipped one, before `autosync train`.",
+        epilog="example: autosync merge shipped my-cluster-data --data pooled")
+    p.add_argument("sources", nargs="+", metavar="SOURCE",
+                   help="dataset directories to read ('shipped': the dataset shipped with autosync)")
+    p.add_argument("--data", required=True, metavar="DIR", help="the dataset to add them to (created if missing)")
+    p.set_defaults(func=_cmd_merge)
+
+
+def _cmd_merge(args) -> int:
+    from autosync.datasets.store import DatasetStore
+    from autosync.outputs import check_output
+
+    sources = [_data_store(s) for s in args.sources]
+    for s in sources:
+        s.read()   # a damaged source is reported before anything is written
+    check_output(args.data, "dataset", directory=True)
+    into = DatasetStore(args.data)
+    into.read()
+    for source, name in zip(sources, args.sources):
+        n = into.merge(source)
+        kept = f", {n['profiles_kept']} profiles differ (this dataset's kept)" if n["profiles_kept"] else ""
+        print(f"merge: {name}: {n['trials']} trials, {n['efficiency']} efficiency rows, {n['profiles']} profiles "
+              f"added{kept} -> {into.root}")
+    return 0
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train the LightGBM cost model on a dataset",
                        description="Fit the cost model (LightGBM ranker or regressor on the speedup over the DDP "
@@ -742,6 +774,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile(sub)
     _add_collect(sub)
     _add_efficiency(sub)
+    _add_merge(sub)
     _add_train(sub)
     _add_evaluate(sub)
     _add_tune(sub)

@@ -75,30 +75,42 @@ def load_rows(work: Path) -> dict[tuple[str, str], dict]:
     return {(r["workload"], r["cluster"]): r for r in rows}
 
 
-def run_contexts(args, work: Path, done, measure_one, show) -> list[dict]:
+def run_contexts(args, work: Path, done, measure_one, show, leave_out=None) -> list[dict]:
     """Measure every (cluster, workload) of ``args`` not in ``done``, one emulated cluster and rank pool per cluster.
 
     ``measure_one(pool, cluster, spec, workload, prior)`` returns a context's row (``prior``: its earlier row, if
     any), which is appended to ``work/rows.jsonl`` at once (an interrupted run resumes) and printed by ``show``.
-    Returns the rows of ``args``' contexts in (cluster, workload) order."""
+    ``leave_out(cluster, workload)``: why a context is not measured (None: it is); its row says so, and a cluster
+    whose contexts are all left out is not brought up. Returns the rows of ``args``' contexts in (cluster,
+    workload) order."""
     import time
 
     from autosync.cluster import parse_cluster
     from autosync.executor.emulate import emulate
 
     rows = load_rows(work)
+
+    def store(row):
+        with (Path(work) / "rows.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        rows[(row["workload"], row["cluster"])] = row
+        print(show(row), flush=True)
+
     for spec in args.clusters:
-        todo = [wl for wl in args.workloads if (wl, spec) not in done]
+        cluster = parse_cluster(spec)
+        todo = []
+        for wl in (w for w in args.workloads if (w, spec) not in done):
+            why = leave_out(cluster, wl) if leave_out else None
+            if why:
+                store({"workload": wl, "cluster": spec, "left_out": why})
+            else:
+                todo.append(wl)
         if not todo:
             continue
-        cluster = parse_cluster(spec)
         with emulate(cluster) as emu, emu.pool() as pool:
             for wl in todo:
                 t0 = time.monotonic()
                 row = measure_one(pool, cluster, spec, wl, rows.get((wl, spec)))
                 row["bench_s"] = time.monotonic() - t0
-                with (Path(work) / "rows.jsonl").open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                rows[(wl, spec)] = row
-                print(show(row), flush=True)
+                store(row)
     return [rows[(w, c)] for c in args.clusters for w in args.workloads if (w, c) in rows]

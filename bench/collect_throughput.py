@@ -3,7 +3,7 @@
 Same emulated cluster, same workload, the same strategies (the baselines of the context)
 with collect's trial settings, run both ways in alternation:
   kept-alive: one RankPool for all trials
-  fresh:      a new RankPool per trial (spawn, import torch, join the process group), as a
+  fresh:      a new RankPool per trial (start the ranks, join the process group), as a
               launcher that starts `torchrun` per trial would
 Prints trials/hour of each and their ratio (target >= 3x).
 

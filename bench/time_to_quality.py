@@ -55,7 +55,7 @@ from autosync.search.baselines import baselines
 from autosync.search.collect import context_profile
 from autosync.search.space import suggest
 from autosync.search.trials import TrialSettings, measure_strategy
-from autosync.search.tuner import Measured, _confirm, _settle_efficiency, tune
+from autosync.search.tuner import Measured, confirm, settle_efficiency, tune
 from autosync.strategy import Strategy
 from _results import RESULTS, load_rows, run_contexts, speedup_bars, write as write_result
 from time_to_loss import fmt_time, time_to_target
@@ -88,8 +88,8 @@ def optuna_alone(pool, profile, n, settings, seed, meter, confirm_rounds, finali
         study.tell(trial, r.samples_per_s if r.ok else 0.0)
         measured.append(Measured(f"optuna_{i}", strategy, float("nan"), r.status, r.samples_per_s, r.reason,
                                  efficiency_source="lossless" if strategy.is_lossless else "predicted"))
-    _settle_efficiency(measured, meter, finalists, say)
-    _confirm(measured, "time-to-loss", confirm_rounds, lambda s: measure_strategy(pool, profile, s, settings), say)
+    settle_efficiency(measured, meter, finalists, say)
+    confirm(measured, "time-to-loss", confirm_rounds, lambda s: measure_strategy(pool, profile, s, settings), say)
     best = max((m for m in measured if m.value("time-to-loss", True) > 0), key=lambda m: m.value("time-to-loss", True),
                default=None)
     return (best.strategy, best.source) if best else (Strategy.default(), "ddp_default (every trial failed)")
@@ -106,12 +106,9 @@ def lowo_models(full, data, wl, seed):
     return loo, cost, eff
 
 
-def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say, sizes):
+def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say):
     batch = W.default_batch_size(wl)
     row = {"workload": wl, "cluster": spec}
-    if too_slow(sizes[wl], cluster):
-        row["left_out"] = "the default's all-reduce alone is over the campaign's per-step limit"
-        return row
     ctx = Context.on(pool, wl, batch, cluster).id
     raw = data.load_profile_dict(ctx)
     profile = Profile.from_dict(raw) if raw else context_profile(DatasetStore(work / "profiles"), pool, cluster, wl,
@@ -290,7 +287,7 @@ def main() -> None:
         print(f"  {msg}", flush=True)
 
     def measure_one(pool, cluster, spec, wl, prior):
-        return run_context(pool, cluster, spec, wl, args, data, full, work, settings, say, sizes)
+        return run_context(pool, cluster, spec, wl, args, data, full, work, settings, say)
 
     def show(row):
         if "left_out" in row:
@@ -298,7 +295,11 @@ def main() -> None:
         return (f"{row['workload']} {row['cluster']}: " + "  ".join(f"{a} {fmt_time(row[a])}" for a in ARMS)
                 + f"  ({row['bench_s']:.0f} s)")
 
-    rows = run_contexts(args, work, done, measure_one, show)
+    def leave_out(cluster, wl):
+        return ("the default's all-reduce alone is over the campaign's per-step limit"
+                if too_slow(sizes[wl], cluster) else None)
+
+    rows = run_contexts(args, work, done, measure_one, show, leave_out)
     lines = table(rows, args)
     write_result(args.out, lines)
     print("\n".join(lines))

@@ -6,29 +6,30 @@ import pytest
 
 
 def pids_alive(pids):
+    """The ones of ``pids`` still running (a zombie, dead but not yet reaped, is not)."""
     alive = []
     for pid in pids:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
             continue
-        alive.append(pid)
+        if state != "Z":
+            alive.append(pid)
     return alive
 
 
-def _is_rank(pid):
-    """Rank processes are multiprocessing spawn children (not its resource tracker)."""
+def _cmdline(pid):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"spawn_main" in f.read()
-    except OSError:
-        return False
+            return f.read()
+    except OSError:   # a short-lived process that ended meanwhile
+        return b""
 
 
-def child_pids():
-    """PIDs whose parent is this test process (rank processes are our direct children)."""
-    me = str(os.getpid())
-    out = []
+def _parents():
+    """{pid: parent pid} of every live, non-zombie process."""
+    out = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -36,17 +37,43 @@ def child_pids():
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if fields[1] == me and fields[0] != "Z" and _is_rank(entry):
-                out.append(int(entry))
+            if fields[0] != "Z":
+                out[int(entry)] = int(fields[1])
     return out
+
+
+def is_rank(pid, parents=None):
+    """A rank process: a multiprocessing spawn child, or a fork of multiprocessing's forkserver (whose own command
+    line it shares; the forkserver itself, a child of its launcher, is not a rank)."""
+    cmd = _cmdline(pid)
+    if b"spawn_main" in cmd:
+        return True
+    parent = (parents or _parents()).get(pid)
+    return b"multiprocessing.forkserver" in cmd and parent is not None and \
+        b"multiprocessing.forkserver" in _cmdline(parent)
+
+
+def rank_pids(root=None):
+    """The rank processes descended from ``root`` (default: this test process), however deep."""
+    parents = _parents()
+    children = {}
+    for c, p in parents.items():
+        children.setdefault(p, []).append(c)
+    found, todo = [], [root or os.getpid()]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            todo.append(c)
+            if is_rank(c, parents):
+                found.append(c)
+    return found
 
 
 @pytest.fixture
 def no_leftover_ranks():
     """Fails the test if a rank process it started is still running afterwards."""
-    before = set(child_pids())
+    before = set(rank_pids())
     yield
-    left = [p for p in child_pids() if p not in before]
+    left = [p for p in rank_pids() if p not in before]
     assert not pids_alive(left), f"rank processes left running: {left}"
 
 

@@ -90,3 +90,41 @@ def test_an_asp_trial_keys_its_efficiency_by_where_it_ran(tmp_path):
     assert keys["mlp|b64|2x1@1gbit" + asp.hash].endswith("|on:2x1@1gbit")
     assert keys["mlp|b64|2x1@1gbit|unshaped|gloo|cpu" + asp.hash].endswith("|on:loopback")
     assert "|on:" not in keys["mlp|b64|2x1@1gbit" + bsp.hash]
+
+
+def test_merge_adds_what_is_new_keeps_what_is_stored_and_says_so(tmp_path):
+    """`autosync merge`: trials, efficiency rows and profiles of the sources join --data; a stored key keeps its row
+    (merging twice adds nothing); a damaged source or merging a dataset into itself is one line, exit 2."""
+    from autosync.datasets.schema import EFFICIENCY_SCHEMA
+    from conftest import cli
+
+    a, b = DatasetStore(tmp_path / "a"), DatasetStore(tmp_path / "b")
+    a.append([row("ctx1", "1", samples_per_s=1.0), row("ctx1", "2")])
+    b.append([row("ctx1", "1", samples_per_s=9.0), row("ctx2", "1"), row("ctx2", "3")])
+    eff = {c: None for c in EFFICIENCY_SCHEMA.names}
+    b.append_efficiency([{**eff, "efficiency_key": "k1", "status": "ok", "efficiency": 0.5}])
+    a.save_profile("ctx1", {"mine": 1})
+    b.save_profile("ctx1", {"theirs": 1})
+    b.save_profile("ctx2", {"theirs": 2})
+
+    out = cli("merge", tmp_path / "b", "--data", tmp_path / "a")
+    assert out.returncode == 0, out.stderr
+    assert "2 trials, 1 efficiency rows, 1 profiles added, 1 profiles differ" in out.stdout
+    df = a.read(efficiency=False).set_index(["context_id", "strategy_hash"])
+    assert sorted(df.index) == [("ctx1", "1"), ("ctx1", "2"), ("ctx2", "1"), ("ctx2", "3")]
+    assert df.loc[("ctx1", "1"), "samples_per_s"] == 1.0                      # the stored row wins
+    assert a.efficiency_rows()["k1"]["efficiency"] == 0.5
+    assert a.load_profile_dict("ctx1") == {"mine": 1} and a.load_profile_dict("ctx2") == {"theirs": 2}
+    assert cli("merge", tmp_path / "b", "--data", tmp_path / "a").stdout.startswith(
+        "merge: " + str(tmp_path / "b") + ": 0 trials, 0 efficiency rows, 0 profiles added")
+
+    fresh = cli("merge", tmp_path / "a", tmp_path / "b", "--data", tmp_path / "new")    # --data created
+    assert fresh.returncode == 0 and len(DatasetStore(tmp_path / "new").read()) == 4
+
+    (tmp_path / "b" / "part-bad.parquet").write_bytes(b"not parquet")
+    for args, message in ((["merge", tmp_path / "b", "--data", tmp_path / "c"], "unreadable Parquet"),
+                          (["merge", tmp_path / "a", "--data", tmp_path / "a"], "cannot merge a dataset into itself"),
+                          (["merge", tmp_path / "nowhere", "--data", tmp_path / "c"], "no dataset here")):
+        out = cli(*args)
+        assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "c").exists(), "nothing is written when a source is bad"

@@ -14,6 +14,7 @@ from autosync.executor.emulate import (EmulatedCluster, can_emulate, cgroup_root
 from autosync.executor.linkcheck import check_compute, check_links, check_paths
 from autosync.executor.measure import TrialSpec, measure
 from autosync.strategy import Strategy
+from conftest import rank_pids
 
 pytestmark = [pytest.mark.serial,
               pytest.mark.skipif(not can_emulate()[0], reason=f"cannot emulate here: {can_emulate()[1]}"),
@@ -127,32 +128,10 @@ def _start_run(*extra):
     # when the tests run as a background job, whose children a non-interactive shell starts with SIGINT ignored
 
 
-def _descendants(pid):
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
-    children = {}
-    for line in out.splitlines():
-        c, p = map(int, line.split())
-        children.setdefault(p, []).append(c)
-    found, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            found.append(c)
-            todo.append(c)
-    return found
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:  # a short-lived child (ip, tc) that ended after ps listed it: ENOENT, or ESRCH mid-read
-        return b""
-
-
 def _wait_for_ranks(proc, n=2, limit=60):
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        ranks = [p for p in _descendants(proc.pid) if b"spawn_main" in _cmdline(p)]
+        ranks = rank_pids(proc.pid)
         if len(ranks) >= n and ours():
             time.sleep(3)  # let the trial get going: rank 1 hangs at its third step
             return ranks

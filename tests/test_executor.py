@@ -110,3 +110,49 @@ def test_a_failing_trial_ends_within_its_time_limit_and_kills_every_rank(workloa
         assert ok.ok, ok.reason
     finally:
         pool.close()
+
+
+def _env_of(ctx, name):
+    import os
+
+    return os.environ.get(name)
+
+
+def test_ranks_see_the_launchers_environment_as_of_each_start(monkeypatch):
+    """Forked ranks come from a server started with the first pool; each pool's ranks must still see the
+    environment the launcher has when it starts them, as spawned ones would."""
+    with RankPool(2) as first:
+        assert first.run(_env_of, "AUTOSYNC_TEST_VALUE") == [None, None]
+    monkeypatch.setenv("AUTOSYNC_TEST_VALUE", "set later")
+    with RankPool(2) as second:
+        assert second.run(_env_of, "AUTOSYNC_TEST_VALUE") == ["set later", "set later"]
+
+
+LAUNCHER = """
+import os, signal, sys
+from autosync.executor.launch import RankPool
+pool = RankPool(2)
+pool.start()
+with open("ranks.txt", "w") as f:
+    f.write(" ".join(str(p.pid) for p in pool._procs))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_ranks_die_with_a_launcher_that_is_killed(tmp_path):
+    """A launcher SIGKILLed (no cleanup of its own runs) must not leave its ranks, nor the forkserver, behind."""
+    import subprocess
+    import sys
+
+    from conftest import pids_alive, processes_under
+
+    with open(tmp_path / "stderr.txt", "w") as err:   # a file, not a pipe: ranks left alive would hold a pipe open
+        out = subprocess.run([sys.executable, "-c", LAUNCHER], stdout=subprocess.DEVNULL, stderr=err, timeout=120,
+                             cwd=tmp_path)
+    assert out.returncode == -9, (tmp_path / "stderr.txt").read_text()[-2000:]
+    ranks = [int(p) for p in (tmp_path / "ranks.txt").read_text().split()]
+    assert len(ranks) == 2
+    deadline = time.monotonic() + 10
+    while (pids_alive(ranks) or processes_under(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pids_alive(ranks) == [] and processes_under(tmp_path) == [], "ranks or their server outlived the launcher"

@@ -85,3 +85,31 @@ def test_a_resumed_campaign_logs_only_contexts_it_measured_something_in():
     assert not _resumed_only({"ok": 3, "failed": 0, "timeout": 0, "skipped": 14}), "a partly resumed context is logged"
     assert not _resumed_only({"ok": 0, "failed": 1, "timeout": 0, "skipped": 16})
     assert not _resumed_only({"error": "RuntimeError: profiling failed"})
+
+
+def test_the_campaign_status_counts_what_the_dataset_and_its_log_hold(tmp_path):
+    import json
+
+    from autosync.datasets.campaign import status
+    from autosync.datasets.schema import COLUMNS
+    from autosync.datasets.store import DatasetStore
+    from autosync.strategy import Strategy
+
+    store = DatasetStore(tmp_path)
+    local = Strategy.from_dict({"sync": {"mode": "local_sgd", "period": 4}})
+    sfb = Strategy.from_dict({"groups": [{"plan": "sfb"}]})
+    rows = []
+    for ctx, cluster, sps, cv in (("a", "2x1@1gbit", (10.0, 30.0, 5.0), 0.02), ("b", "3x1@200mbit", (10.0, 20.0, 40.0), 0.10)):
+        for (source, st), v in zip((("ddp_default", Strategy.default()), ("random", local), ("random", sfb)), sps):
+            rows.append({**{c: None for c in COLUMNS}, "context_id": ctx, "cluster": cluster, "strategy_hash": st.hash,
+                         "strategy": st.to_json(), "source": source, "status": "ok", "samples_per_s": v, "cv": cv})
+    rows.append({**rows[0], "strategy_hash": "x", "status": "failed", "samples_per_s": None})
+    store.append(rows)
+    (tmp_path / "campaign.jsonl").write_text("\n".join(json.dumps({"pass": 1, "workload": w, "cluster": c, "start": 0,
+                                                                   "end": 1800}) for w, c in (("w", "a"), ("w", "b"))))
+    lines = status(store, tmp_path / "campaign.jsonl", planned=5)
+    assert lines[0] == "2 of 5 contexts measured (pass 1: 2); 7 trials: 1 failed, 6 ok; 1.00 h of collection (campaign.jsonl)"
+    assert lines[1] == "ok rows by sync mode: bsp 4, local_sgd 2; sfb in 2"
+    assert lines[2] == "median within-trial CV 6.0%; by cluster: 2x1@1gbit 2.0%, 3x1@200mbit 10.0%"
+    assert lines[3] == ("best strategy of a context over its DDP default: median 3.50x (range 3.00-4.00x); "
+                        "17% of the strategies are slower than the default")

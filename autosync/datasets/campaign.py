@@ -1,6 +1,6 @@
 """Dataset v2's collection campaign: which contexts, in which order, how many trials. It resumes.
 
-    python -m autosync.datasets.campaign [--data DIR] [--stop-after MINUTES] [--passes 1 2 3] [--dry-run]
+    python -m autosync.datasets.campaign [--data DIR] [--stop-after MINUTES] [--passes 1 2 3] [--dry-run | --status]
 
 Contexts: every built-in workload (:data:`autosync.workloads.BUILTINS`) on every cluster of
 :data:`CLUSTERS`, less those already in the shipped dataset (v1) and those :func:`too_slow` for this
@@ -87,6 +87,51 @@ def plan(shipped_ids: set[str]) -> tuple[list[tuple[str, list[str]]], list[str]]
     return order, skipped
 
 
+def status(store, log: Path, planned: int) -> list[str]:
+    """The campaign's progress for the datasheet: contexts, trials by outcome, time spent (``campaign.jsonl``),
+    rows by sync mode, within-trial noise (CV) by cluster, and how far the best strategy of a context is from the
+    DDP default."""
+    import statistics
+
+    from autosync.strategy import loads_strategy
+
+    df = store.read(efficiency=False)
+    lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
+    hours = sum(x["end"] - x["start"] for x in lines) / 3600
+    by_status = df.status.value_counts().to_dict()
+    ok = df[df.status == "ok"]
+    strategies = [loads_strategy(x) for x in ok.strategy]
+    modes: dict[str, int] = {}
+    for st in strategies:
+        modes[st.sync.mode] = modes.get(st.sync.mode, 0) + 1
+    sfb = sum(any(g.plan == "sfb" for g in st.groups) for st in strategies)
+    passes = {}
+    for x in lines:
+        passes.setdefault(x["pass"], set()).add((x["workload"], x["cluster"]))
+    out = [f"{df.context_id.nunique()} of {planned} contexts measured "
+           f"({', '.join(f'pass {p}: {len(c)}' for p, c in sorted(passes.items()))}); "
+           f"{len(df)} trials: " + ", ".join(f"{n} {k}" for k, n in sorted(by_status.items()))
+           + f"; {hours:.2f} h of collection (campaign.jsonl)",
+           "ok rows by sync mode: " + ", ".join(f"{k} {n}" for k, n in sorted(modes.items(), key=lambda t: -t[1]))
+           + f"; sfb in {sfb}"]
+    if len(ok):
+        cv = ok.groupby("cluster").cv.median().sort_values()
+        out.append(f"median within-trial CV {ok.cv.median():.1%}; by cluster: "
+                   + ", ".join(f"{c} {v:.1%}" for c, v in cv.items()))
+        ratios, slower, n = [], 0, 0
+        for _, g in ok.groupby("context_id"):
+            d = g[g.source == "ddp_default"].samples_per_s
+            if len(d):
+                ratios.append(g.samples_per_s.max() / d.iloc[0])
+                slower += int((g.samples_per_s < d.iloc[0]).sum())
+                n += len(g)
+        if ratios:
+            out.append(f"best strategy of a context over its DDP default: median {statistics.median(ratios):.2f}x "
+                       f"(range {min(ratios):.2f}-{max(ratios):.2f}x); {slower / max(n, 1):.0%} of the strategies "
+                       f"are slower than the default")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m autosync.datasets.campaign", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -97,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop-after", type=float, default=None, metavar="MINUTES",
                     help="start no new context after this many minutes (a running one finishes)")
     ap.add_argument("--dry-run", action="store_true", help="print the contexts and what is left out, measure nothing")
+    ap.add_argument("--status", action="store_true",
+                    help="print what the dataset holds so far (for the datasheet), measure nothing")
     args = ap.parse_args(argv)
     from autosync import api
     from autosync.datasets.store import DatasetStore
@@ -111,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         for spec, names in order:
             print(f"{spec}: {' '.join(names)}")
+        return 0
+    if args.status:
+        print(*status(DatasetStore(args.data, create=False), Path(args.data) / "campaign.jsonl", n), sep="\n")
         return 0
     for spec, _ in order:
         api.check_faithful(Cluster.parse(spec), False, "collect")

@@ -113,6 +113,21 @@ class _Table:
             self.compact_locked()
         return len(fresh)
 
+    def merge_locked(self, other: "_Table") -> int:
+        """Append ``other``'s rows whose key this table lacks, as one part (written atomically)."""
+        tables = [other.read_file(p) for p in other.files()]
+        if not tables:
+            return 0
+        table = pa.concat_tables([t.select(list(self.columns)).cast(self.schema) for t in tables])
+        stored, seen, keep = self.keys(), set(), []
+        for k in zip(*(table.column(c).to_pylist() for c in self.key)):
+            keep.append(k not in stored and k not in seen)
+            seen.add(k)
+        fresh = table.filter(pa.array(keep, type=pa.bool_())).replace_schema_metadata(self.schema.metadata)
+        if fresh.num_rows:
+            self.write_atomic(fresh, f"{self.prefix}-{time.time_ns()}-{os.getpid()}-{secrets.token_hex(2)}.parquet")
+        return fresh.num_rows
+
     def compact_locked(self, df: pd.DataFrame | None = None) -> None:
         files = self.files()
         if df is None and (not files or files == [self.root / self.main]):
@@ -225,6 +240,27 @@ class DatasetStore:
             if any(gone):
                 self._trials.compact_locked(df[[not g for g in gone]])
             return sum(gone)
+
+    def merge(self, other: "DatasetStore") -> dict[str, int]:
+        """Add ``other``'s trials, efficiency rows and profiles to this dataset: rows whose key is stored here are
+        kept as they are (the first stored wins, as everywhere), so merging twice adds nothing. Profiles are copied
+        only for contexts this dataset has none of; ``profiles_kept`` counts those present in both that differ."""
+        if other.root.resolve() == self.root.resolve():
+            raise DatasetError(f"{other.root}: cannot merge a dataset into itself")
+        with self._locked():
+            trials = self._trials.merge_locked(other._trials)
+            efficiency = self._efficiency.merge_locked(other._efficiency)
+        copied = kept = 0
+        for path in sorted((other.root / "profiles").glob("*.json")):
+            mine = self.root / "profiles" / path.name
+            if not mine.exists():
+                tmp = mine.with_name(mine.name + f".{secrets.token_hex(4)}.tmp")
+                tmp.write_bytes(path.read_bytes())
+                os.replace(tmp, mine)
+                copied += 1
+            elif mine.read_bytes() != path.read_bytes():
+                kept += 1
+        return {"trials": trials, "efficiency": efficiency, "profiles": copied, "profiles_kept": kept}
 
     # --- efficiency ----------------------------------------------------------------------
     def read_efficiency(self) -> pd.DataFrame:

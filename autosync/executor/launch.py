@@ -5,8 +5,14 @@ CPU tensors by default; ``backend``/``device`` make them NCCL or gloo on CUDA, a
 check does) and then wait for tasks. ``pool.run(fn, *args, timeout=s)`` calls ``fn(ctx, *args)`` on every
 rank and returns the per-rank results; if any rank raises, dies or the time limit runs
 out, every rank is killed (SIGKILL to its whole process group) and :class:`TrialFailure`
-says why. The next ``run`` starts fresh ranks. Rank processes die with their parent
-(PR_SET_PDEATHSIG), so nothing outlives a crashed or killed launcher.
+says why. The next ``run`` starts fresh ranks. Rank processes die with the launcher (a thread
+in each waits on the launcher's pidfd), so nothing outlives a crashed or killed launcher.
+
+Ranks start from multiprocessing's *forkserver* (spawn where there is none): a server process
+imports torch once, and each rank is a fork of it, so a pool start costs a fork instead of an
+interpreter and a torch import per rank. Each rank still gets the launcher's environment,
+working directory and ``sys.path`` as of ``start()`` and re-imports the main module (as under
+spawn); torch is imported in the server, never initialized there (no CUDA, no threads).
 
 Each rank may enter a network namespace first and bind gloo to one interface: that is how
 the emulated cluster (:mod:`autosync.executor.emulate`) places ranks on hosts.
@@ -33,6 +39,8 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
+PRELOAD = ["torch", "torch.distributed"]   # what the forkserver imports once for every rank it forks
+STARTED = "started"                        # a rank's marker file: it reached _rank_main
 _live_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
 
 
@@ -82,12 +90,54 @@ def _enter_netns(name: str) -> None:
         os.close(fd)
 
 
+def start_method() -> str:
+    """'forkserver' where this platform has it, else 'spawn'."""
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+def _die_with(launcher: int) -> None:
+    """SIGKILL this rank's process group when the launcher process exits, however it exits. A forked rank's
+    parent is the forkserver, not the launcher, so PR_SET_PDEATHSIG alone would not see the launcher go."""
+    import threading
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(launcher)
+        except (AttributeError, OSError):     # no pidfd (old kernel): poll
+            fd = None
+        if fd is not None:
+            import select
+
+            select.select([fd], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(launcher, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.5)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="autosync-launcher-watch", daemon=True).start()
+
+
 def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, int], place: RankPlacement,
                threads: int, init_timeout: float, tasks: mp.Queue, results: mp.Queue, backend: str = "gloo",
-               device: str = "cpu") -> None:
+               device: str = "cpu", stderr_dir: str | None = None, env: dict | None = None,
+               launcher: int | None = None) -> None:
+    if stderr_dir:   # a forked rank's fd 2 is the forkserver's: its own file from here on
+        fd = os.open(os.path.join(stderr_dir, f"rank{rank}.stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+        os.close(fd)
+        open(os.path.join(stderr_dir, f"rank{rank}.{STARTED}"), "w").close()
+    if env is not None:   # the launcher's environment at start(), not the forkserver's
+        os.environ.clear()
+        os.environ.update(env)
     os.setsid()  # own process group: the launcher kills it whole; Ctrl-C goes to the launcher only
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if launcher is not None:
+        _die_with(launcher)
     try:
         if place.cgroup:   # before torch starts its threads, which then live under the same limit
             with open(os.path.join(place.cgroup, "cgroup.procs"), "w") as f:
@@ -136,7 +186,7 @@ class RankPool:
     def __init__(self, world_size: int, ranks_per_host: int | None = None,
                  placements: list[RankPlacement] | None = None, master_addr: str = "127.0.0.1",
                  threads_per_rank: int | None = None, start_timeout: float = 120.0, network: str = "unshaped",
-                 backend: str = "gloo", device: str = "cpu"):
+                 backend: str = "gloo", device: str = "cpu", method: str | None = None):
         self.world_size = world_size
         self.network = network          # what the ranks' links are: unshaped loopback, emulated, or real (Context)
         self.backend, self.device = backend, device   # device "cuda": rank r computes on GPU r % count
@@ -145,7 +195,9 @@ class RankPool:
         self.master_addr = master_addr
         self.threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
         self.start_timeout = start_timeout
-        self._ctx = mp.get_context("spawn")
+        self._ctx = mp.get_context(method or start_method())   # method: 'forkserver' or 'spawn' (a benchmark's)
+        if self._ctx.get_start_method() == "forkserver":
+            self._ctx.set_forkserver_preload(PRELOAD)
         self._procs: list[mp.Process] = []
         self._tasks: list[mp.Queue] = []
         self._results: mp.Queue | None = None
@@ -164,15 +216,21 @@ class RankPool:
         self._tasks = [self._ctx.Queue() for _ in range(self.world_size)]
         master = (self.master_addr, free_port())
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # ranks inherit it: c10d warns on reverse DNS of 198.18.x
+        self._stderr_dir = tempfile.mkdtemp(prefix="autosync-ranks-")
+        env = dict(os.environ)
         self._procs = [self._ctx.Process(
             target=_rank_main, name=f"autosync-rank{r}", daemon=True,
             args=(r, self.world_size, self.ranks_per_host, master, self.placements[r], self.threads,
-                  self.start_timeout, self._tasks[r], self._results, self.backend, self.device))
+                  self.start_timeout, self._tasks[r], self._results, self.backend, self.device, self._stderr_dir,
+                  env, os.getpid()))
             for r in range(self.world_size)]
-        # Each rank's fd 2 is a file from its first instruction on (inherited at start), so that a rank that dies,
-        # even in the spawn bootstrap before _rank_main runs, leaves its last words for the failure's reason.
-        self._stderr_dir = tempfile.mkdtemp(prefix="autosync-ranks-")
+        forked = self._ctx.get_start_method() == "forkserver"
         for r, p in enumerate(self._procs):
+            if forked:    # the rank opens its file itself; the server keeps this process's stderr
+                p.start()
+                continue
+            # A spawned rank's fd 2 is its file from its first instruction on (inherited at start), so that a rank
+            # that dies in the spawn bootstrap, before _rank_main runs, leaves its last words for the reason.
             fd = os.open(os.path.join(self._stderr_dir, f"rank{r}.stderr"), os.O_WRONLY | os.O_CREAT, 0o600)
             saved = os.dup(2)
             try:
@@ -221,8 +279,11 @@ class RankPool:
         for r, code in dead:
             text = self.stderr_text(r)
             tail = " | ".join(x.strip() for x in text.strip().splitlines()[-lines:] if x.strip())[-chars:]
-            if "bootstrapping phase" in text:
-                parts.append(f"rank {r} died ({_describe_exit(code)}): {BOOTSTRAP_HINT}")
+            started = os.path.exists(os.path.join(self._stderr_dir or "", f"rank{r}.{STARTED}"))
+            if "bootstrapping phase" in text or not started:
+                where = "" if started or text else " (its traceback is on this process's stderr)"
+                parts.append(f"rank {r} died ({_describe_exit(code)}) before autosync started in it{where}: "
+                             f"{BOOTSTRAP_HINT}")
             else:
                 parts.append(f"rank {r} died ({_describe_exit(code)})" + (f": {tail}" if tail else ""))
         return "; ".join(parts)
@@ -286,7 +347,7 @@ class RankPool:
         return [out[r] for r in range(self.world_size)]
 
 
-BOOTSTRAP_HINT = ("the script started autosync while being imported: rank processes are spawned and re-import "
+BOOTSTRAP_HINT = ("most often the script started autosync while being imported: rank processes re-import "
                   "the main module, so call autosync.tune (or anything that starts ranks) under "
                   "`if __name__ == '__main__':`")
 

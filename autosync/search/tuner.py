@@ -618,11 +618,11 @@ def tune(profile: Profile, model: CostModel, measure: int, store: DatasetStore, 
     _predict_efficiency(tuner, measured)
     if measure > 0 and objective == "time-to-loss":
         t = time.monotonic()
-        _settle_efficiency(measured, meter, finalists, on_progress)
+        settle_efficiency(measured, meter, finalists, on_progress)
         measure_time += time.monotonic() - t
     if measure > 0 and confirm_rounds > 0:
         t = time.monotonic()
-        _confirm(measured, objective, confirm_rounds, lambda s: measure_strategy(pool, profile, s, settings, workload),
+        confirm(measured, objective, confirm_rounds, lambda s: measure_strategy(pool, profile, s, settings, workload),
                  on_progress)
         measure_time += time.monotonic() - t
     result = _recommend(tuner, measured, hand, zero_shot)
@@ -671,7 +671,7 @@ def apply_efficiency(m: Measured, row: dict) -> None:
         m.reason = m.reason or f"efficiency {row['status']}: {row.get('reason', '')}"[:300]
 
 
-def _settle_efficiency(measured: list[Measured], meter, k: int, on_progress=None) -> None:
+def settle_efficiency(measured: list[Measured], meter, k: int, on_progress=None) -> None:
     """Measure the efficiency of the lossy strategies among the ``k`` best by goodput (predicted efficiency for
     the rest), again until the ``k`` best have measured (or unmeasurable) efficiencies."""
     if meter is None:
@@ -695,7 +695,7 @@ def _settle_efficiency(measured: list[Measured], meter, k: int, on_progress=None
                 apply_efficiency(other, row)
 
 
-def _confirm(measured: list[Measured], objective: str, rounds: int, run_one, on_progress=None, k: int = 2) -> None:
+def confirm(measured: list[Measured], objective: str, rounds: int, run_one, on_progress=None, k: int = 2) -> None:
     """Re-measure the ``k`` best and the DDP default, interleaved (A B C A B C ...), ``rounds`` rounds."""
     ranked = sorted((m for m in measured if m.status == "ok" and m.value(objective, True) > 0),
                     key=lambda m: -m.value(objective, True))
