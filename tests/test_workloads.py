@@ -109,7 +109,8 @@ def test_the_campaign_status_counts_what_the_dataset_and_its_log_hold(tmp_path):
                                                                    "end": 1800}) for w, c in (("w", "a"), ("w", "b"))))
     lines = status(store, tmp_path / "campaign.jsonl", planned=5)
     assert lines[0] == "2 of 5 contexts measured (pass 1: 2); 7 trials: 1 failed, 6 ok; 1.00 h of collection (campaign.jsonl)"
-    assert lines[1] == "ok rows by sync mode: bsp 4, local_sgd 2; sfb in 2"
-    assert lines[2] == "median within-trial CV 6.0%; by cluster: 2x1@1gbit 2.0%, 3x1@200mbit 10.0%"
-    assert lines[3] == ("best strategy of a context over its DDP default: median 3.50x (range 3.00-4.00x); "
+    assert lines[1] == "ok rows by sync mode: bsp 4, local_sgd 2"
+    assert lines[2] == "ok rows with a group of each plan: allreduce 4, sfb 2"
+    assert lines[3] == "median within-trial CV 6.0%; by cluster: 2x1@1gbit 2.0%, 3x1@200mbit 10.0%"
+    assert lines[4] == ("best strategy of a context over its DDP default: median 3.50x (range 3.00-4.00x); "
                         "17% of the strategies are slower than the default")

@@ -102,9 +102,11 @@ def status(store, log: Path, planned: int) -> list[str]:
     ok = df[df.status == "ok"]
     strategies = [loads_strategy(x) for x in ok.strategy]
     modes: dict[str, int] = {}
+    plans: dict[str, int] = {}     # rows with at least one group of the plan
     for st in strategies:
         modes[st.sync.mode] = modes.get(st.sync.mode, 0) + 1
-    sfb = sum(any(g.plan == "sfb" for g in st.groups) for st in strategies)
+        for name in {g.plan for g in st.groups}:
+            plans[name] = plans.get(name, 0) + 1
     passes = {}
     for x in lines:
         passes.setdefault(x["pass"], set()).add((x["workload"], x["cluster"]))
@@ -112,8 +114,9 @@ def status(store, log: Path, planned: int) -> list[str]:
            f"({', '.join(f'pass {p}: {len(c)}' for p, c in sorted(passes.items()))}); "
            f"{len(df)} trials: " + ", ".join(f"{n} {k}" for k, n in sorted(by_status.items()))
            + f"; {hours:.2f} h of collection (campaign.jsonl)",
-           "ok rows by sync mode: " + ", ".join(f"{k} {n}" for k, n in sorted(modes.items(), key=lambda t: -t[1]))
-           + f"; sfb in {sfb}"]
+           "ok rows by sync mode: " + ", ".join(f"{k} {n}" for k, n in sorted(modes.items(), key=lambda t: -t[1])),
+           "ok rows with a group of each plan: " + ", ".join(f"{k} {n}" for k, n in sorted(plans.items(),
+                                                                                         key=lambda t: -t[1]))]
     if len(ok):
         cv = ok.groupby("cluster").cv.median().sort_values()
         out.append(f"median within-trial CV {ok.cv.median():.1%}; by cluster: "
