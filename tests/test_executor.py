@@ -141,6 +141,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_ranks_die_with_a_launcher_that_is_killed(tmp_path):
     """A launcher SIGKILLed (no cleanup of its own runs) must not leave its ranks, nor the forkserver, behind."""
+    import os
     import subprocess
     import sys
 
@@ -148,7 +149,7 @@ def test_ranks_die_with_a_launcher_that_is_killed(tmp_path):
 
     with open(tmp_path / "stderr.txt", "w") as err:   # a file, not a pipe: ranks left alive would hold a pipe open
         out = subprocess.run([sys.executable, "-c", LAUNCHER], stdout=subprocess.DEVNULL, stderr=err, timeout=120,
-                             cwd=tmp_path)
+                             cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp_path)})  # its temp dirs die with it
     assert out.returncode == -9, (tmp_path / "stderr.txt").read_text()[-2000:]
     ranks = [int(p) for p in (tmp_path / "ranks.txt").read_text().split()]
     assert len(ranks) == 2
