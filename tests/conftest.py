@@ -5,6 +5,12 @@ import time
 import pytest
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` first, in their collection order otherwise: pytest-xdist deals the first tests out in
+    turn, so each worker gets half of the long ones and the short ones even out the end (longest first)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pids_alive(pids):
     """The ones of ``pids`` still running (a zombie, dead but not yet reaped, is not)."""
     alive = []
@@ -97,7 +103,8 @@ def processes_under(path):
 def _orphaned(namespace):
     """A namespace whose creating process is gone, or is this one: a test running beside this one (pytest-xdist)
     owns live ones."""
-    from autosync.executor.emulate import _NAME, pid_alive
+    from autosync.executor.emulate import _NAME
+    from autosync.executor.launch import pid_alive
 
     m = _NAME.match(namespace)
     return m is None or int(m.group(1)) == os.getpid() or not pid_alive(int(m.group(1)))

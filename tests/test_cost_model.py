@@ -133,6 +133,12 @@ def test_selective_islands_come_from_the_paths_and_enter_space_baselines_simulat
     even = nominal_profile(parse_cluster("3x1@1gbit"), "mlp")
     assert profile_frontier(even) == [] and "selective" not in baselines(even)
     assert all(s.sync.mode != "selective" for s in random_strategies(even, 60, 0))
+    # measured paths of an even cluster differ by noise (3x1@10gbit in dataset v2): one speed, no islands; a real
+    # tier (1 gbit against 100 mbit, measured) still makes one
+    noisy = [[0, 9542e6, 9523e6], [9542e6, 0, 9534e6], [9523e6, 9534e6, 0]]
+    assert frontier(noisy, 4e6, 1, 1e-4) == []
+    tiered = [[0, 956e6, 96e6], [956e6, 0, 95e6], [96e6, 95e6, 0]]
+    assert [p["text"] for p in frontier(tiered, 4e6, 1, 1e-4)] == ["0,1|2"]
     # more tiers: a Pareto frontier, fastest first, each point reaching more peers than every faster one
     G, M = 1e9, 1e6
     bw = [[0, G, G, 100 * M], [G, 0, G, 100 * M], [G, G, 0, 100 * M], [100 * M] * 3 + [0]]

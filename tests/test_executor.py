@@ -139,17 +139,19 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_ranks_die_with_a_launcher_that_is_killed(tmp_path):
-    """A launcher SIGKILLed (no cleanup of its own runs) must not leave its ranks, nor the forkserver, behind."""
+def test_ranks_die_with_a_launcher_that_is_killed_and_its_folder_with_the_next_pool(tmp_path, monkeypatch):
+    """A launcher SIGKILLed (no cleanup of its own runs) must not leave its ranks, nor the forkserver, behind; the
+    folder of rank outputs it could not remove goes when the next pool starts."""
     import os
     import subprocess
     import sys
+    import tempfile
 
     from conftest import pids_alive, processes_under
 
     with open(tmp_path / "stderr.txt", "w") as err:   # a file, not a pipe: ranks left alive would hold a pipe open
         out = subprocess.run([sys.executable, "-c", LAUNCHER], stdout=subprocess.DEVNULL, stderr=err, timeout=120,
-                             cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp_path)})  # its temp dirs die with it
+                             cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp_path)})  # its temp dirs stay in here
     assert out.returncode == -9, (tmp_path / "stderr.txt").read_text()[-2000:]
     ranks = [int(p) for p in (tmp_path / "ranks.txt").read_text().split()]
     assert len(ranks) == 2
@@ -157,3 +159,10 @@ def test_ranks_die_with_a_launcher_that_is_killed(tmp_path):
     while (pids_alive(ranks) or processes_under(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert pids_alive(ranks) == [] and processes_under(tmp_path) == [], "ranks or their server outlived the launcher"
+    # its folder of rank outputs is left (a SIGKILLed process removes nothing); the next pool there removes it
+    left = list(tmp_path.glob("autosync-ranks-*"))
+    assert len(left) == 1, left
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with RankPool(1) as pool:
+        pool.start()
+        assert [p.name for p in tmp_path.glob("autosync-ranks-*")] == [os.path.basename(pool._stderr_dir)]

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from autosync.cluster import Cluster, Link
 from autosync.errors import UserError
-from autosync.executor.launch import RankPlacement, RankPool
+from autosync.executor.launch import RankPlacement, RankPool, pid_alive
 
 log = logging.getLogger(__name__)
 PREFIX = "autosync-"
@@ -65,17 +65,6 @@ def list_namespaces() -> list[str]:
     """Names of every network namespace of autosync on this machine."""
     out = _run("ip", "netns", "list", check=False).stdout
     return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (one of another user counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def cgroup_root() -> tuple[Path, int] | None:

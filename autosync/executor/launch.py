@@ -6,7 +6,9 @@ check does) and then wait for tasks. ``pool.run(fn, *args, timeout=s)`` calls ``
 rank and returns the per-rank results; if any rank raises, dies or the time limit runs
 out, every rank is killed (SIGKILL to its whole process group) and :class:`TrialFailure`
 says why. The next ``run`` starts fresh ranks. Rank processes die with the launcher (a thread
-in each waits on the launcher's pidfd), so nothing outlives a crashed or killed launcher.
+in each waits on the launcher's pidfd), so nothing outlives a crashed or killed launcher; the
+folder of a killed launcher's rank outputs (``autosync-ranks-<pid>@<host>-*`` in the temp dir) is
+removed by the next pool that starts there.
 
 Ranks start from multiprocessing's *forkserver* (spawn where there is none): a server process
 imports torch once, and each rank is a fork of it, so a pool start costs a fork instead of an
@@ -41,6 +43,7 @@ CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 PRELOAD = ["torch", "torch.distributed"]   # what the forkserver imports once for every rank it forks
 STARTED = "started"                        # a rank's marker file: it reached _rank_main
+RANKS_DIR = "autosync-ranks-"              # + "<launcher pid>@<host>-": a pool's folder of rank outputs (temp dir)
 _live_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
 
 
@@ -71,6 +74,31 @@ class RankContext:
     extra: dict = field(default_factory=dict)
     device: str = "cpu"          # where this rank computes (executor.device): cpu, or cuda:<local rank>
     backend: str = "gloo"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_rank_dirs() -> list[str]:
+    """Remove the rank-output folders whose launcher, on this host, is gone (SIGKILLed: it could not remove its
+    own). A folder of another host (a temp dir shared between containers) is left alone."""
+    removed = []
+    with os.scandir(tempfile.gettempdir()) as entries:
+        for entry in entries:
+            pid, _, rest = entry.name[len(RANKS_DIR):].partition("@")
+            mine = entry.name.startswith(RANKS_DIR) and rest.rsplit("-", 1)[0] == socket.gethostname()
+            if mine and pid.isdigit() and not pid_alive(int(pid)) and entry.is_dir():
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+    return removed
 
 
 def free_port() -> int:
@@ -216,7 +244,8 @@ class RankPool:
         self._tasks = [self._ctx.Queue() for _ in range(self.world_size)]
         master = (self.master_addr, free_port())
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # ranks inherit it: c10d warns on reverse DNS of 198.18.x
-        self._stderr_dir = tempfile.mkdtemp(prefix="autosync-ranks-")
+        sweep_rank_dirs()
+        self._stderr_dir = tempfile.mkdtemp(prefix=f"{RANKS_DIR}{os.getpid()}@{socket.gethostname()}-")
         env = dict(os.environ)
         self._procs = [self._ctx.Process(
             target=_rank_main, name=f"autosync-rank{r}", daemon=True,

@@ -17,7 +17,9 @@ island of every host would be bsp; one island per host is ``local_sgd``; selecti
 path between hosts a and b, measured (the profile's ``path_bps``, one point-to-point transfer
 per pair of hosts) or, without a measurement, the spec's (``min`` of the two host links). For
 each threshold ``tau`` among the distinct path bandwidths, the islands are the connected
-components of the hosts joined by paths of at least ``tau``. Each candidate has a *time* (the
+components of the hosts joined by paths of at least ``tau``. Measured bandwidths first fall into speed
+classes (:func:`speed_classes`: paths within :data:`SAME_SPEED` of a faster one are one speed), so that the
+noise of a measurement (9.54 against 9.52 Gbit/s on an even cluster) makes no island. Each candidate has a *time* (the
 slowest island's all-reduce of the model, as above) and a *reach* (the mean fraction of the other
 ranks that receive a rank's update each step). The candidates no other beats on both are the
 Pareto frontier; bsp (reach 1) and local SGD (every host alone) are modes of their own and left
@@ -38,6 +40,7 @@ from autosync.plans.local_sgd import LocalSGD
 PERIODS = (2, 4, 8)
 SEARCH_WARMUP_STEPS = 2
 SLACK = 2.0          # the baseline's time budget: at most this many times the fastest frontier point's
+SAME_SPEED = 0.8     # a path at least this fraction of its class's fastest is the same speed (links measure within 15%)
 
 
 def islands_text(islands) -> str:
@@ -47,6 +50,24 @@ def islands_text(islands) -> str:
 
 def parse_islands(text: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(h) for h in part.split(",")) for part in text.split("|"))
+
+
+def speed_classes(bw: list[list[float]], same: float = SAME_SPEED) -> list[list[float]]:
+    """``bw`` with each path set to the slowest path of its speed class.
+
+    Distinct bandwidths, fastest first, join the current class while at least ``same`` times its fastest; a slower
+    one starts a new class. An even cluster measured with noise becomes one class (no islands)."""
+    values = sorted({x for row in bw for x in row if x > 0}, reverse=True)
+    slowest: dict[float, float] = {}
+    top = None
+    members: list[float] = []
+    for x in values + [0.0]:
+        if top is None or x < top * same:
+            for m in members:
+                slowest[m] = members[-1]
+            top, members = x, []
+        members.append(x)
+    return [[slowest.get(x, x) for x in row] for row in bw]
 
 
 def components(bw: list[list[float]], tau: float) -> tuple[tuple[int, ...], ...]:
@@ -100,6 +121,7 @@ def frontier(bw: list[list[float]], nbytes: float, ranks_per_host: int = 1, hop_
 
     Each point: ``islands`` (tuple of host tuples), ``text``, ``threshold_bps``, ``time_s`` and ``reach``."""
     n = len(bw)
+    bw = speed_classes(bw)
     taus = sorted({bw[a][b] for a in range(n) for b in range(n) if a != b}, reverse=True)
     points: dict[tuple, dict] = {}
     for tau in taus:

@@ -50,7 +50,7 @@ import optuna
 
 from autosync.datasets.store import DatasetStore
 from autosync.errors import UserError
-from autosync.executor.emulate import pid_alive
+from autosync.executor.launch import pid_alive
 from autosync.executor.launch import RankPool
 from autosync.models import training, uncertainty
 from autosync.models.features import feature_matrix, featurize
