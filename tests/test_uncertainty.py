@@ -66,7 +66,8 @@ def test_out_of_distribution_flags_a_new_shape_device_and_a_far_context_but_not_
     known = featurize(Profile.from_dict(raw), Strategy.default())   # a dataset context, as profiled there
     assert uncertainty.ood_reasons(ref, known) == []
     assert uncertainty.nearest(ref, known, 1)[0][1] == "mlp"
-    assert any("shape 3x1" in r for r in uncertainty.ood_reasons(ref, {**known, "nodes": 3}))
+    assert "3x1" in ref["shapes"], "dataset v2 has 3-host clusters"
+    assert any("shape 8x1" in r for r in uncertainty.ood_reasons(ref, {**known, "nodes": 8}))
     assert any("timed on cuda" in r for r in uncertainty.ood_reasons(ref, {**known, "device_gpu": 1.0}))
     far = uncertainty.ood_reasons(ref, {**known, "log_params": 11.0, "embedding_frac": 0.9})
     assert any("nearest dataset context" in r for r in far), far
