@@ -5,12 +5,6 @@ import time
 import pytest
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked ``slow`` first, in their collection order otherwise: pytest-xdist deals the first tests out in
-    turn, so each worker gets half of the long ones and the short ones even out the end (longest first)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 def pids_alive(pids):
     """The ones of ``pids`` still running (a zombie, dead but not yet reaped, is not)."""
     alive = []

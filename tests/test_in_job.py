@@ -17,7 +17,6 @@ FAULTS = str(Path(__file__).resolve().parent / "fixtures" / "faulty.py")
 
 
 @pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
-@pytest.mark.slow
 def test_a_torchrun_job_across_emulated_hosts_tunes_in_job_and_stores_a_killed_trial_as_failed_after_restart(
         tmp_path, nothing_left):
     """Rank 0 (host 0) is SIGKILLed in the job's second trial: torchrun restarts the job, the trial it died in is

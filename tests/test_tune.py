@@ -54,7 +54,6 @@ def postgres():
 
 
 @pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
-@pytest.mark.slow
 def test_two_workers_on_one_postgres_study_measure_disjoint_strategies_and_learn_from_each_other(postgres, tmp_path):
     """Worker B starts once A's DDP default is in the shared study: B must not measure what A measured or is
     measuring (the default included), and B's proposals must come from a model refit on A's measurements."""
@@ -108,7 +107,6 @@ def test_unreachable_storage_is_one_line_exit_2(tmp_path):
 
 
 @pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
-@pytest.mark.slow
 def test_a_tuned_strategy_runs_with_autosync_run_and_the_example_script(tmp_path, store_with_profile):
     store_with_profile(tmp_path / "d", "resnet-tiny", "2x1@10gbit")   # profiling is tested elsewhere: save its time
     out = autosync("tune", "--workload", "resnet-tiny", "--cluster", "2x1@10gbit", "--measure", "3", "--objective", "throughput",
@@ -174,7 +172,6 @@ def test_python_api_tunes_a_model_object_for_a_cluster_we_do_not_have(tmp_path, 
 
 
 @pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
-@pytest.mark.slow
 def test_time_to_loss_measures_the_efficiency_of_lossy_finalists_before_picking(tmp_path):
     from autosync.datasets.store import DatasetStore
 
