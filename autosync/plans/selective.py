@@ -57,16 +57,13 @@ def speed_classes(bw: list[list[float]], same: float = SAME_SPEED) -> list[list[
 
     Distinct bandwidths, fastest first, join the current class while at least ``same`` times its fastest; a slower
     one starts a new class. An even cluster measured with noise becomes one class (no islands)."""
-    values = sorted({x for row in bw for x in row if x > 0}, reverse=True)
-    slowest: dict[float, float] = {}
-    top = None
-    members: list[float] = []
-    for x in values + [0.0]:
-        if top is None or x < top * same:
-            for m in members:
-                slowest[m] = members[-1]
-            top, members = x, []
-        members.append(x)
+    classes: list[list[float]] = []
+    for x in sorted({x for row in bw for x in row if x > 0}, reverse=True):
+        if classes and x >= classes[-1][0] * same:
+            classes[-1].append(x)
+        else:
+            classes.append([x])
+    slowest = {x: c[-1] for c in classes for x in c}
     return [[slowest.get(x, x) for x in row] for row in bw]
 
 
