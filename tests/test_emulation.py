@@ -108,8 +108,8 @@ def test_a_half_speed_host_sets_the_bsp_step_time():
     cluster = parse_cluster("2x1@10gbit;node1=cpu:0.5")
     spec = TrialSpec("resnet-tiny", DEFAULT, 32, warmup_steps=1, steps=3)
     with EmulatedCluster(cluster) as emu, emu.pool() as pool:
-        speeds = check_compute(pool, cluster, emu.limits, seconds=3.0, rounds=5)   # CI read host 0 at 0.69 once
-        # from 3 rounds of 0.25 s: a median of 5 shrugs off two rounds taken under load
+        speeds = check_compute(pool, cluster, emu.limits, seconds=3.0, rounds=5)   # CI read host 0 at 0.69 and
+        # 0.78 when a host's speed was its median limited rate over its best reference; now each round is a pair
         uneven, _ = measure(pool, spec, timeout=180)
         emu.limits.lift(True)
         even, _ = measure(pool, spec, timeout=180)

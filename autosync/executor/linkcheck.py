@@ -104,7 +104,7 @@ def check_paths(pool: RankPool, cluster: Cluster, seconds: float = 0.25, reps: i
 class ComputeMeasurement:
     host: int
     configured_speed: float        # the spec's speed of the host (stragglers not included)
-    measured_speed: float          # median over the host's ranks of rate / rate with every limit lifted
+    measured_speed: float          # median over the host's ranks of the per-round rate / rate with every limit lifted
     rate: float                    # matrix products per second of the host's ranks (median)
 
 
@@ -132,30 +132,33 @@ def check_compute(pool: RankPool, cluster: Cluster, limits=None, seconds: float 
     Every rank runs the same matrix products, all at once, in ``rounds`` interleaved pairs of
     ``seconds / rounds / 2`` each: with the CPU limits of ``limits`` (an
     :class:`~autosync.executor.emulate.CpuLimits`) lifted (the full-share reference) and applied.
-    A rank's speed is its median limited rate over its best reference rate (load from elsewhere
-    for a moment lowers one reference round, not the reference: CI once read 0.79 for a host at
-    0.5 from a single reference taken under load); a host's speed is its ranks' median. Without
-    ``limits`` (a real cluster, or even compute) it is each host's median rate over the fastest host's.
+    A rank's speed is the median over the rounds of its limited rate over the reference rate of
+    the same round: load from elsewhere shifts both halves of a pair, and one pair taken under
+    load does not move the median. (Rates on this 2-core machine swing 2x between rounds: a median
+    limited rate over the best reference read 0.55 for an unlimited host; CI once read 0.78.)
+    A host's speed is its ranks' median. Without ``limits`` (a real cluster, or even compute) it is
+    each host's median rate over the fastest host's.
     """
     if limits is None:
         rates = [statistics.median(r) for r in zip(*(pool.run(_compute_task, seconds / rounds, timeout=timeout)
                                                        for _ in range(rounds)))]
-        free = [max(rates)] * len(rates)
+        ratios = [rate / max(rates) for rate in rates]
     else:
-        frees, limited = [], []
+        pairs = []
         for _ in range(rounds):
             limits.lift(True)
             try:
-                frees.append(pool.run(_compute_task, seconds / rounds / 2, timeout=timeout))
+                free = pool.run(_compute_task, seconds / rounds / 2, timeout=timeout)
             finally:
                 limits.lift(False)
-            limited.append(pool.run(_compute_task, seconds / rounds / 2, timeout=timeout))
-        free = [max(r) for r in zip(*frees)]
-        rates = [statistics.median(r) for r in zip(*limited)]
+            pairs.append((free, pool.run(_compute_task, seconds / rounds / 2, timeout=timeout)))
+        rates = [statistics.median(r) for r in zip(*(limited for _, limited in pairs))]
+        ratios = [statistics.median(r) for r in zip(*([l / f for f, l in zip(free, limited)]
+                                                      for free, limited in pairs))]
     out = []
     for host in range(cluster.nodes):
         ranks = range(host * cluster.ranks_per_node, (host + 1) * cluster.ranks_per_node)
         out.append(ComputeMeasurement(host, cluster.speed_of(host),
-                                      statistics.median(rates[r] / free[r] for r in ranks),
+                                      statistics.median(ratios[r] for r in ranks),
                                       statistics.median(rates[r] for r in ranks)))
     return out
