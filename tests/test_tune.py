@@ -108,20 +108,20 @@ def test_unreachable_storage_is_one_line_exit_2(tmp_path):
 
 @pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
 def test_a_tuned_strategy_runs_with_autosync_run_and_the_example_script(tmp_path, store_with_profile):
-    store_with_profile(tmp_path / "d", "resnet-tiny", "2x1@10gbit")   # profiling is tested elsewhere: save its time
-    out = autosync("tune", "--workload", "resnet-tiny", "--cluster", "2x1@10gbit", "--measure", "3", "--objective", "throughput",
+    store_with_profile(tmp_path / "d", "mlp", "2x1@10gbit")   # profiling is tested elsewhere: save its time
+    out = autosync("tune", "--workload", "mlp", "--cluster", "2x1@10gbit", "--measure", "3", "--objective", "throughput",
                    "--confirm-rounds", "0", "--out", "s.yaml", "--data", "d", "--storage", f"sqlite:///{tmp_path}/t.db", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "recommended:" in out.stdout and (tmp_path / "s.png").exists()
     text = (tmp_path / "s.yaml").read_text()
-    assert text.startswith("# autosync tune: resnet-tiny") and "autosync: 1" in text
-    run = autosync("run", "--workload", "resnet-tiny", "--cluster", "2x1@10gbit", "--strategy", "s.yaml",
+    assert text.startswith("# autosync tune: mlp") and "autosync: 1" in text
+    run = autosync("run", "--workload", "mlp", "--cluster", "2x1@10gbit", "--strategy", "s.yaml",
                    "--steps", "3", "--json", cwd=tmp_path)
     assert run.returncode == 0 and '"status": "ok"' in run.stdout, run.stderr
     repo = Path(__file__).resolve().parent.parent
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                 str(free_port()), str(repo / "examples" / "train_with_strategy.py"), "--strategy",
-                str(tmp_path / "s.yaml"), "--workload", "resnet-tiny", "--steps", "6"]
+                str(tmp_path / "s.yaml"), "--workload", "mlp", "--steps", "6"]
     example = subprocess.run(torchrun, capture_output=True, text=True, timeout=300, cwd=tmp_path,
                              env={**os.environ, "TMPDIR": str(tmp_path)})   # torchrun leaves torchelastic_* there
     assert example.returncode == 0, example.stderr[-2000:]
