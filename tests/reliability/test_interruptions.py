@@ -35,9 +35,9 @@ def _interrupt_when(cmd, cwd, ready, sig, limit=300.0):
 def test_collect_interrupted_by_sigint_resumes_without_loss_or_duplicates(tmp_path, nothing_left, store_with_profile):
     """SIGINT here, SIGTERM in the tune test below (one interruption each: they share the unwinding path, and the
     suite's time is short; both used to take both signals in turn)."""
-    cmd = [sys.executable, "-m", "autosync.cli", "collect", "--workloads", "resnet-tiny", "--clusters", "2x1@10gbit",
+    cmd = [sys.executable, "-m", "autosync.cli", "collect", "--workloads", "mlp", "--clusters", "2x1@10gbit",
            "--per-context", "2", "--data", "d", "--budget", "0.3"]
-    store = store_with_profile(tmp_path / "d", "resnet-tiny", "2x1@10gbit")
+    store = store_with_profile(tmp_path / "d", "mlp", "2x1@10gbit")
     seen = None
     for sig, rows in ((signal.SIGINT, 2),):
         assert _interrupt_when(cmd, tmp_path, lambda: len(store.read()) >= rows, sig) == 130
@@ -58,9 +58,9 @@ def test_collect_interrupted_by_sigint_resumes_without_loss_or_duplicates(tmp_pa
 
 def test_tune_interrupted_by_sigterm_resumes_with_the_study_intact(tmp_path, nothing_left, store_with_profile):
     storage = f"sqlite:///{tmp_path}/t.db"
-    cmd = [sys.executable, "-m", "autosync.cli", "tune", "--workload", "resnet-tiny", "--cluster", "2x1@10gbit",
+    cmd = [sys.executable, "-m", "autosync.cli", "tune", "--workload", "mlp", "--cluster", "2x1@10gbit",
            "--measure", "3", "--objective", "throughput", "--confirm-rounds", "0", "--data", "d", "--storage", storage, "--out", "s.yaml"]
-    store = store_with_profile(tmp_path / "d", "resnet-tiny", "2x1@10gbit")
+    store = store_with_profile(tmp_path / "d", "mlp", "2x1@10gbit")
 
     def study_hashes():
         summaries = optuna.get_all_study_summaries(storage)
