@@ -16,7 +16,7 @@ from autosync.executor.emulate import EmulatedCluster, can_emulate, list_namespa
 from autosync.profiler.profile import nominal_profile
 from conftest import processes_under
 
-pytestmark = [pytest.mark.serial, pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")]
+pytestmark = pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
 FAULTS = str(Path(__file__).resolve().parents[1] / "fixtures" / "faulty.py")
 
 
@@ -63,6 +63,7 @@ def test_a_killed_a_hung_and_an_aborted_rank_are_recorded_and_the_run_goes_on(co
     nothing_left()
 
 
+@pytest.mark.serial   # finds its host's namespace by name: another test's must not be there
 def test_a_host_link_taken_down_mid_trial_ends_it_within_its_time_limit(tmp_path, nothing_left):
     before = set(list_namespaces())
     proc = subprocess.Popen([sys.executable, "-m", "autosync.cli", "run", "--workload", "mlp", "--cluster",
@@ -105,6 +106,7 @@ def _udp_delivered(emu, count=20000):
     return int(receiver.communicate(timeout=30)[0].split()[-1]) / count
 
 
+@pytest.mark.serial   # counts datagrams: a receiver starved of CPU would drop more
 def test_five_percent_loss_drops_five_percent_and_a_lossy_trial_ends_within_its_limit(tmp_path, nothing_left):
     with EmulatedCluster(parse_cluster("2x1@1gbit")) as emu:
         assert _udp_delivered(emu) > 0.995  # the probe itself loses nothing
