@@ -40,7 +40,7 @@ def test_a_killed_a_hung_and_an_aborted_rank_are_recorded_and_the_run_goes_on(co
     store.save_profile(profile.context_id, profile.to_dict())
     argv = (["collect", "--workloads", workload, "--clusters", "2x1@10gbit", "--per-context", "0", "--budget", "0.2"]
             if command == "collect" else
-            ["tune", "--model", workload, "--cluster", "2x1@10gbit", "--measure", "5", "--objective", "throughput", "--confirm-rounds", "0", "--storage",
+            ["tune", "--model", workload, "--cluster", "2x1@10gbit", "--measure", "5", "--objective", "throughput", "--confirm-rounds", "0", "--candidates", "100", "--storage",
              f"sqlite:///{tmp_path}/t.db"])
     env = {**os.environ, "AUTOSYNC_TEST_FAULTS": str(tmp_path / "faults")}
     t0 = time.monotonic()
