@@ -24,7 +24,8 @@ plus training time, against the default's training time; the reference curves ar
 them). A context whose DDP default would spend more than the campaign's limit per step on the wire is left out
 (autosync.datasets.campaign.too_slow), and the table says which.
 
-Resumable: finished contexts are kept in ``--work`` (rows.jsonl) and skipped.
+Resumable: finished contexts are kept in ``--work`` (rows.jsonl, committed) and skipped; it takes 10-20 min a
+context, so the 48 default contexts span sessions.
 
     python bench/time_to_quality.py [--workloads ...] [--clusters ...] [--measure 8] [--work DIR]
 """
@@ -265,7 +266,9 @@ def main() -> None:
     ap.add_argument("--cap", type=float, default=2.0, help="give up on a pick after this many times the default's "
                                                            "time to target (default 2)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--work", default="/tmp/autosync-time-to-quality", help="resumable work directory")
+    ap.add_argument("--work", default=str(Path(__file__).parent / "work" / "time_to_quality"),
+                    help="resumable work directory (default bench/work/time_to_quality: it outlives a session; git "
+                         "keeps its rows.jsonl, the finished contexts, and ignores the rest)")
     ap.add_argument("--out", default=str(RESULTS / "time_to_quality.md"))
     args = ap.parse_args()
     for spec in args.clusters:
