@@ -19,7 +19,8 @@ def provenance() -> list[str]:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                                 text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":(exclude)bench/results", ":(exclude)bench/work"], cwd=root, capture_output=True, text=True).stdout.strip()
+                                ":(exclude)bench/results", ":(exclude)bench/work"], cwd=root, capture_output=True,
+                               text=True).stdout.strip()
         commit += "+dirty" if dirty else ""
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown (not a git checkout)"
