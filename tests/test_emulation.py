@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -235,13 +236,17 @@ def test_sfb_crossover_follows_poseidons_rule_measured_and_simulated():
     sfb = Strategy.from_dict({"groups": [{"plan": "sfb"}]})
     cluster = parse_cluster("2x1@20mbit")
     assert poseidon_rule((1024, 1024), 256, 2) and not poseidon_rule((1024, 1024), 1024, 2)
-    step = {}
+    times = {}
+    rounds = {256: 2, 1024: 1}   # 256 is the close call: sfb ~1.4 s against ddp ~1.85 s here, but one 2-step
+    # trial each read 1.86 against 1.82 in CI; so two interleaved rounds there, and the medians of their steps
     with EmulatedCluster(cluster) as emu, emu.pool() as pool:
         for rows in (256, 1024):
-            for name, s in (("ddp", DEFAULT), ("sfb", sfb.canonical())):
-                result, _ = measure(pool, TrialSpec(wide, s, rows, warmup_steps=1, steps=2), timeout=180)
-                assert result.ok, result.reason
-                step[rows, name] = result.step_s
+            for _ in range(rounds[rows]):
+                for name, s in (("ddp", DEFAULT), ("sfb", sfb.canonical())):
+                    result, _ = measure(pool, TrialSpec(wide, s, rows, warmup_steps=1, steps=2), timeout=180)
+                    assert result.ok, result.reason
+                    times.setdefault((rows, name), []).extend(result.step_times)
+    step = {k: statistics.median(v) for k, v in times.items()}
     assert step[256, "sfb"] < step[256, "ddp"] and step[1024, "sfb"] > step[1024, "ddp"], step
     for rows in (256, 1024):
         profile = nominal_profile(cluster, wide, rows)
