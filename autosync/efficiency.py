@@ -44,7 +44,8 @@ like the others: an approximation the stored row does not distinguish yet.
 
 A reference whose evaluation loss falls less than ``FLAT_DROP`` (2%) of its start by L*
 cannot rank anything: its candidates are stored with status ``flat`` and no efficiency.
-The protocol trains with Adam (lr 1e-3), the optimizer most users train these models with.
+The protocol trains with Adam, the optimizer most users train these models with, at the workload's
+learning rate (``lr_of``: 1e-3, bert-mini 1e-4); a stored row of another learning rate is not reused.
 
 Limits: a short horizon favours long sync periods and early gaps may overstate or understate
 final ones; efficiency is measured at one learning rate and optimizer.
@@ -70,6 +71,7 @@ EVAL_SAMPLES = 512               # held-out samples, split over the ranks
 EVAL_SEED = 2_147_483_000        # the held-out set's generator seed: no training generator uses it
 DEFAULT_HORIZON = 240
 DEFAULT_EVAL_EVERY = 20
+DEFAULT_LR = 1e-3                # Adam's, for workloads that name none (autosync.workloads.BuiltinInfo.lr)
 FLAT_DROP = 0.02                 # a reference whose loss falls less than this share by L* cannot rank anything
 PROTOCOL = 1                     # bump when the measurement changes: stored results of another protocol are not reused
 
@@ -84,7 +86,7 @@ class CurveSpec:
     horizon: int = DEFAULT_HORIZON
     eval_every: int = DEFAULT_EVAL_EVERY
     seed: int = 0
-    lr: float = 1e-3
+    lr: float = DEFAULT_LR
     optimizer: str = "adam"
     signals: bool = True
     stop_at: float | None = None      # timed mode: stop once the smoothed evaluation loss has reached this
@@ -358,6 +360,14 @@ def horizon_of(workload) -> int:
     return getattr(info, "horizon", None) or DEFAULT_HORIZON
 
 
+def lr_of(workload) -> float:
+    """The protocol's Adam learning rate for ``workload``: a built-in's own (``BuiltinInfo.lr``), else 1e-3."""
+    from autosync import workloads
+
+    info = workloads.BUILTINS.get(workload) if isinstance(workload, str) else None
+    return getattr(info, "lr", None) or DEFAULT_LR
+
+
 # --- measuring and storing ---------------------------------------------------------------------
 
 def efficiency_row(ekey: str, workload: str, batch: int, world: int, ranks_per_host: int, strategy: Strategy,
@@ -403,14 +413,14 @@ class EfficiencyMeter:
     """
 
     def __init__(self, store, workload, batch_size: int, world: int, ranks_per_host: int = 1,
-                 horizon: int | None = None, eval_every: int = DEFAULT_EVAL_EVERY, lr: float = 1e-3,
+                 horizon: int | None = None, eval_every: int = DEFAULT_EVAL_EVERY, lr: float | None = None,
                  optimizer: str = "adam", timeout_s: float = 1800.0, pool=None, progress=None, also=()):
         self.store = store
         self.also = list(also)          # more stores whose measurements are reused (e.g. the shipped dataset)
         self.workload, self.name = workload, str(workload)
         self.batch, self.world, self.rph = batch_size, world, ranks_per_host
         self.horizon = horizon or horizon_of(workload)
-        self.eval_every, self.lr, self.optimizer = eval_every, lr, optimizer
+        self.eval_every, self.lr, self.optimizer = eval_every, lr or lr_of(workload), optimizer
         self.timeout_s = timeout_s
         self._pool, self._own_pool = pool, pool is None
         self.progress = progress
@@ -460,7 +470,8 @@ class EfficiencyMeter:
             self._also_rows = [store.efficiency_rows() for store in self.also]
         for rows in (self.store.efficiency_rows(), *self._also_rows):
             row = rows.get(ekey)
-            if row is not None and row.get("protocol") == PROTOCOL and row.get("horizon") == self.horizon:
+            if (row is not None and row.get("protocol") == PROTOCOL and row.get("horizon") == self.horizon
+                    and row.get("lr") == self.lr):
                 return row
         return None
 

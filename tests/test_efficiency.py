@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 
 from autosync.datasets.store import DatasetStore
-from autosync.efficiency import (Curve, CurveSpec, EfficiencyMeter, compare, key, measure_curve, steps_to, target)
+from autosync.efficiency import (Curve, CurveSpec, EfficiencyMeter, compare, key, lr_of, measure_curve, steps_to,
+                                 target)
 from autosync.executor.launch import RankPool
 from autosync.strategy import Strategy
 
@@ -86,6 +87,9 @@ def test_meter_stores_measures_once_and_reads_it_back(tmp_path):
     with EfficiencyMeter(store, SMALL, 64, 2, 1, horizon=HORIZON, eval_every=EVERY) as meter:
         assert meter.measure(same_math)["efficiency_key"] == row["efficiency_key"]
         assert meter._pool is None, "a stored efficiency must not be measured again"
+    assert row["lr"] == lr_of(SMALL) == 1e-3 and lr_of("bert-mini") == 1e-4
+    with EfficiencyMeter(store, SMALL, 64, 2, 1, horizon=HORIZON, eval_every=EVERY, lr=1e-4) as meter:
+        assert meter.stored(psgd) is None, "a row measured at another learning rate must not be reused"
     asp = Strategy.from_dict({"sync": "asp"})
     assert key(SMALL, 64, 2, 1, asp) == key(SMALL, 64, 2, 1, asp, "loopback") != key(SMALL, 64, 2, 1, asp, "2x1@1gbit")
     spec = "2x1@1gbit;node1=cpu:0.5"

@@ -19,6 +19,19 @@ def test_builtin_workload_contract(name):
     assert all(torch.equal(batch[k], other[k]) for k in batch)
 
 
+def test_the_bert_task_names_each_class_by_its_keywords():
+    """Learnable: each class's 4 keywords (its 4 most frequent tokens) name every sequence's class."""
+    _, make_batch = workloads.build("bert-mini")
+    big = make_batch(4096, torch.Generator().manual_seed(1))
+    keywords = [torch.bincount(big["input_ids"][big["labels"] == c].flatten(), minlength=8192).topk(4).indices
+                for c in range(4)]
+    batch = make_batch(64, torch.Generator().manual_seed(0))
+    ids, labels = batch["input_ids"], batch["labels"]
+    hits = torch.stack([torch.isin(ids, k).sum(1) for k in keywords], 1)
+    assert torch.equal(hits.argmax(1), labels) and (hits.max(1).values >= 4).all()
+    assert ids.unique().numel() > 0.5 * ids.numel(), "the other tokens must stay near uniform"
+
+
 def test_ncf_is_embedding_heavy_and_touches_few_rows():
     model, make_batch = workloads.build("ncf")
     emb = workloads.embedding_parameter_names(model)

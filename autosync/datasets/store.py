@@ -271,6 +271,16 @@ class DatasetStore:
         df = self.read_efficiency()
         return {r["efficiency_key"]: r for r in df.to_dict("records")}
 
+    def remove_efficiency(self, keys: set[str]) -> int:
+        """Delete the efficiency rows with these keys (e.g. a workload's, after its task changed), as ``remove``
+        does for trials; returns how many were deleted."""
+        with self._locked():
+            df = self._efficiency.read()
+            gone = df.efficiency_key.isin(keys)
+            if gone.any():
+                self._efficiency.compact_locked(df[~gone])
+            return int(gone.sum())
+
     def append_efficiency(self, rows: list[dict]) -> int:
         with self._locked():
             return self._efficiency.append_locked(rows)
