@@ -4,6 +4,10 @@ import time
 
 import pytest
 
+#: The tunes of the tests score 100 candidates, not the CLI's 500 (about 10 s less each): what they test is not the
+#: search's breadth.
+FEW_CANDIDATES = ("--candidates", "100")
+
 
 def pids_alive(pids):
     """The ones of ``pids`` still running (a zombie, dead but not yet reaped, is not)."""

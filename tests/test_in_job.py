@@ -12,6 +12,7 @@ import pytest
 from autosync.cluster import parse_cluster
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import EmulatedCluster, can_emulate
+from conftest import FEW_CANDIDATES
 
 FAULTS = str(Path(__file__).resolve().parent / "fixtures" / "faulty.py")
 
@@ -28,7 +29,7 @@ def test_a_torchrun_job_across_emulated_hosts_tunes_in_job_and_stores_a_killed_t
            "AUTOSYNC_TEST_FAULT_ORDER": "none,none,none,kill", "TORCH_CPP_LOG_LEVEL": "ERROR",
            "TMPDIR": str(tmp_path)}   # torchrun's agent leaves a torchelastic_* log dir in $TMPDIR
     argv = ["-m", "autosync.cli", "tune", "--in-job", "--model", workload, "--cluster", "2x1@1gbit", "--measure", "3",
-            "--objective", "throughput", "--confirm-rounds", "0", "--candidates", "100", "--storage", f"sqlite:///{tmp_path}/t.db",
+            "--objective", "throughput", "--confirm-rounds", "0", *FEW_CANDIDATES, "--storage", f"sqlite:///{tmp_path}/t.db",
             "--data", "d", "--out", "s.yaml", "--timeout", "30"]
     logs = [tmp_path / f"host{h}.log" for h in range(cluster.nodes)]
     with EmulatedCluster(cluster) as emu:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from autosync.executor.launch import RankPool, free_port
+from conftest import FEW_CANDIDATES
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -43,7 +44,7 @@ def tuned(tmp_path_factory):
         if workload not in made:
             d = tmp_path_factory.mktemp(f"tuned-{workload}")
             out = subprocess.run([sys.executable, "-m", "autosync.cli", "tune", "--workload", workload, "--cluster",
-                                  "2x1@1gbit", "--measure", "0", "--lossless", "--candidates", "100", "--out", "s.yaml",
+                                  "2x1@1gbit", "--measure", "0", "--lossless", *FEW_CANDIDATES, "--out", "s.yaml",
                                   "--data", "d",
                                   "--storage", f"sqlite:///{d}/t.db"], cwd=d, capture_output=True, text=True,
                                  timeout=300)

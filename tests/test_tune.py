@@ -13,10 +13,9 @@ import pytest
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import can_emulate
 from autosync.executor.launch import free_port
-from conftest import cli
+from conftest import FEW_CANDIDATES, cli
 
 SMALL = str(Path(__file__).parent / "fixtures" / "small.py") + ":build"     # 17k parameters: fast trials
-# The tunes below score 100 candidates, not 500 (about 10 s less each): what they test is not the search's breadth.
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
@@ -62,7 +61,7 @@ def test_two_workers_on_one_postgres_study_measure_disjoint_strategies_and_learn
     def worker(name, seed):
         return subprocess.Popen([sys.executable, "-m", "autosync.cli", "tune", "--model", SMALL, "--cluster",
                                  "2x1@1gbit", "--measure", "3", "--objective", "throughput",
-                                 "--confirm-rounds", "0", "--candidates", "100", "--storage", postgres, "--seed", str(seed),
+                                 "--confirm-rounds", "0", *FEW_CANDIDATES, "--storage", postgres, "--seed", str(seed),
                                  "--timeout", "60", "--out", str(tmp_path / f"{name}.yaml"),
                                  "--data", str(tmp_path / name)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
@@ -113,7 +112,7 @@ def test_unreachable_storage_is_one_line_exit_2(tmp_path):
 def test_a_tuned_strategy_runs_with_autosync_run_and_the_example_script(tmp_path, store_with_profile):
     store_with_profile(tmp_path / "d", "mlp", "2x1@10gbit")   # profiling is tested elsewhere: save its time
     out = autosync("tune", "--workload", "mlp", "--cluster", "2x1@10gbit", "--measure", "3", "--objective", "throughput",
-                   "--confirm-rounds", "0", "--candidates", "100", "--out", "s.yaml", "--data", "d", "--storage", f"sqlite:///{tmp_path}/t.db", cwd=tmp_path)
+                   "--confirm-rounds", "0", *FEW_CANDIDATES, "--out", "s.yaml", "--data", "d", "--storage", f"sqlite:///{tmp_path}/t.db", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "recommended:" in out.stdout and (tmp_path / "s.png").exists()
     text = (tmp_path / "s.yaml").read_text()
@@ -180,7 +179,7 @@ def test_time_to_loss_measures_the_efficiency_of_lossy_finalists_before_picking(
 
     fixture = Path(__file__).parent / "fixtures" / "small.py"
     out = autosync("tune", "--model", f"{fixture}:build_wide", "--cluster", "2x1@1gbit", "--measure", "4",
-                   "--confirm-rounds", "1", "--candidates", "100", "--out", "s.yaml", "--data", "d", "--storage", f"sqlite:///{tmp_path}/t.db",
+                   "--confirm-rounds", "1", *FEW_CANDIDATES, "--out", "s.yaml", "--data", "d", "--storage", f"sqlite:///{tmp_path}/t.db",
                    cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     text = (tmp_path / "s.yaml").read_text()

@@ -14,7 +14,7 @@ from autosync.cluster import parse_cluster
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import EmulatedCluster, can_emulate, list_namespaces
 from autosync.profiler.profile import nominal_profile
-from conftest import processes_under
+from conftest import FEW_CANDIDATES, processes_under
 
 pytestmark = pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
 FAULTS = str(Path(__file__).resolve().parents[1] / "fixtures" / "faulty.py")
@@ -40,7 +40,7 @@ def test_a_killed_a_hung_and_an_aborted_rank_are_recorded_and_the_run_goes_on(co
     store.save_profile(profile.context_id, profile.to_dict())
     argv = (["collect", "--workloads", workload, "--clusters", "2x1@10gbit", "--per-context", "0", "--budget", "0.2"]
             if command == "collect" else
-            ["tune", "--model", workload, "--cluster", "2x1@10gbit", "--measure", "5", "--objective", "throughput", "--confirm-rounds", "0", "--candidates", "100", "--storage",
+            ["tune", "--model", workload, "--cluster", "2x1@10gbit", "--measure", "5", "--objective", "throughput", "--confirm-rounds", "0", *FEW_CANDIDATES, "--storage",
              f"sqlite:///{tmp_path}/t.db"])
     env = {**os.environ, "AUTOSYNC_TEST_FAULTS": str(tmp_path / "faults")}
     t0 = time.monotonic()

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from autosync.executor.emulate import can_emulate
+from conftest import FEW_CANDIDATES
 
 pytestmark = pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
 
@@ -59,7 +60,7 @@ def test_collect_interrupted_by_sigint_resumes_without_loss_or_duplicates(tmp_pa
 def test_tune_interrupted_by_sigterm_resumes_with_the_study_intact(tmp_path, nothing_left, store_with_profile):
     storage = f"sqlite:///{tmp_path}/t.db"
     cmd = [sys.executable, "-m", "autosync.cli", "tune", "--workload", "mlp", "--cluster", "2x1@10gbit",
-           "--measure", "3", "--objective", "throughput", "--confirm-rounds", "0", "--candidates", "100", "--data", "d", "--storage", storage, "--out", "s.yaml"]
+           "--measure", "3", "--objective", "throughput", "--confirm-rounds", "0", *FEW_CANDIDATES, "--data", "d", "--storage", storage, "--out", "s.yaml"]
     store = store_with_profile(tmp_path / "d", "mlp", "2x1@10gbit")
 
     def study_hashes():
