@@ -158,7 +158,7 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
     strategy = Strategy.from_dict(spec.strategy)
     model, make_batch = workloads.build(spec.workload, seed=spec.seed)
     model.to(device)
-    optimizer = _make_optimizer(spec.optimizer, model.parameters(), spec.lr)
+    optimizer = _make_optimizer(spec.optimizer, spec.lr, model.parameters())
     ddp, optimizer = apply(model, optimizer, strategy, init_sync=False)
     params = [p for p in model.parameters() if p.requires_grad]
     world = ctx.world_size

@@ -88,7 +88,26 @@ def test_local_sgd_ranks_drift_apart_between_averaging_rounds():
     assert params_close(ref, local) != []
 
 
+def test_an_adaptive_trial_trains_as_the_efficiency_protocol_does():
+    """How often adaptive averages follows the trajectory, so its trial trains with Adam at the workload's lr (the
+    efficiency protocol's), not with the trials' SGD at 0.01: the same parameters as a spec that names Adam."""
+    adaptive = canon(sync={"mode": "adaptive", "max_period": 4, "threshold": 0.01, "warmup_steps": 1})
+    assert TrialSpec(SMALL, adaptive, 16).recipe() == ("adam", 1e-3)
+    assert TrialSpec("bert-mini", adaptive, 8).recipe() == ("adam", 1e-4)
+    assert TrialSpec(SMALL, canon(), 16).recipe() == ("sgd", 0.01) == TrialSpec(SMALL, adaptive, 16, lr=0.01).recipe()
+
+    def spec(**kw):
+        return TrialSpec(SMALL, adaptive, 16, warmup_steps=0, steps=4, record_params=True, **kw)
+
+    with RankPool(2, ranks_per_host=1) as pool:
+        _, mine = measure(pool, spec(), 60)
+        _, adam = measure(pool, spec(optimizer="adam", lr=1e-3), 60)
+        _, sgd = measure(pool, spec(optimizer="sgd", lr=0.01), 60)
+    assert params_close(mine, adam) == [] and params_close(mine, sgd) != []
+
+
 FAULTS = "tests/fixtures/faulty.py"
+SMALL = "tests/fixtures/small.py:build"
 
 
 @pytest.mark.parametrize("workload, status, reason, limit", [

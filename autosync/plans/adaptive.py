@@ -95,6 +95,7 @@ def _averager_class():
 
 class Adaptive(LocalSGD):
     name = "adaptive"
+    follows_trajectory = True
     fields = {"max_period": (8, 2, 10_000), "threshold": (0.005, 0.0, 10.0), "warmup_steps": (10, 0, 1_000_000)}
     features = {"adaptive": 0.0, "adaptive_max_period": 0.0, "adaptive_threshold": 0.0}
 

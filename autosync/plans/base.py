@@ -166,6 +166,10 @@ class SyncModeDef(Entry):
     wraps_optimizer: ClassVar[bool] = False
     #: a step's gradients are synchronized within that step (not ssp's later steps, not asp's server loop)
     same_step: ClassVar[bool] = True
+    #: how often the mode communicates depends on the training trajectory (adaptive: it averages when the ranks'
+    #: models drift apart), so its throughput is measured training as the efficiency protocol does
+    #: (:meth:`autosync.executor.measure.TrialSpec.recipe`)
+    follows_trajectory: ClassVar[bool] = False
 
     def parse(self, raw, path: str) -> dict[str, Any]:
         """The numeric fields; a structured field (a default neither int nor float) is the mode's own to read."""
