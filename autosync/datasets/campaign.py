@@ -65,7 +65,8 @@ def model_bytes() -> dict[str, int]:
 
 
 def plan(shipped_ids: set[str]) -> tuple[list[tuple[str, list[str]]], list[str]]:
-    """(cluster, workloads) in campaign order, and the contexts left out with why."""
+    """(cluster, workloads) in campaign order, and the contexts left out with why. ``shipped_ids``: the contexts
+    another campaign measured (v1's), which this one leaves alone."""
     from autosync import workloads
     from autosync.context import Context
 
@@ -154,8 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     from autosync.search.collect import collect
     from autosync.search.trials import TrialSettings
 
-    shipped = DatasetStore(api.SHIPPED_DATA, create=False).read()
-    order, skipped = plan(set(shipped["context_id"]))
+    # v1's contexts are left alone; the shipped dataset also holds this campaign's own once merged (session 14),
+    # and those go on
+    shipped = set(DatasetStore(api.SHIPPED_DATA, create=False).read(efficiency=False)["context_id"])
+    own = Path(args.data)
+    if (own / "profiles").is_dir():
+        shipped -= set(DatasetStore(own, create=False).read(efficiency=False)["context_id"])
+    order, skipped = plan(shipped)
     n = sum(len(w) for _, w in order)
     print(f"campaign: {n} contexts on {len(order)} clusters; {len(skipped)} left out:", *skipped, sep="\n  ")
     if args.dry_run:
