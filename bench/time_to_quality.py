@@ -17,12 +17,13 @@ test; the tunes' efficiency measurements start from nothing but the DDP default'
 own store (reused across clusters, as a user's would be: asp's are per cluster).
 
 Each pick then trains on the emulated cluster with the efficiency protocol (bench/time_to_loss.py's
-``time_to_target``: same initial weights, data order and Adam lr 1e-3 as the references) until the consensus
+``time_to_target``: same initial weights, data order and Adam learning rate as the references) until the consensus
 model's smoothed held-out loss reaches L* (the references' loss at 3/4 of the efficiency horizon). The table gives
 the training time to L* ("train x": the default's median time / the pick's) and end to end ("e2e x": search time
 plus training time, against the default's training time; the reference curves are not counted, every arm needs
 them). A context whose DDP default would spend more than the campaign's limit per step on the wire is left out
-(autosync.datasets.campaign.too_slow), and the table says which.
+(autosync.datasets.campaign.too_slow), and so is one whose references are flat (their loss falls less than
+``FLAT_DROP`` by L*: ncf today); the table says which and why.
 
 Resumable: finished contexts are kept in ``--work`` (rows.jsonl, committed) and skipped; it takes 10-20 min a
 context, so the 48 default contexts span sessions.
@@ -44,7 +45,7 @@ from autosync.cluster import Cluster, ClusterSpecError
 from autosync.context import Context
 from autosync.datasets.campaign import model_bytes, too_slow
 from autosync.datasets.store import DatasetStore
-from autosync.efficiency import REFERENCE_SEEDS, EfficiencyMeter, reference_key, target
+from autosync.efficiency import FLAT_DROP, REFERENCE_SEEDS, EfficiencyMeter, reference_key, target
 from autosync.models import training
 from autosync.models.efficiency_model import EfficiencyModel, fit_store
 from autosync.models.ranker import CostModel
@@ -123,9 +124,12 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say):
     world, rph = cluster.world_size, cluster.ranks_per_node
     with EfficiencyMeter(refs_store, wl, batch, world, rph, also=[data], progress=say) as ref_meter:
         goal = target(ref_meter.references(), ref_meter.horizon)
+        start = statistics.fmean(c.eval_loss[0] for c in ref_meter.references())
         keys = [reference_key(str(wl), batch, world, s) for s in range(REFERENCE_SEEDS)]
         refs = _References([refs_store, data], keys)
         noise = ref_meter.noise_scale()
+    if start - goal < FLAT_DROP * abs(start):      # as the efficiency meter's rule: no time to L* to speak of
+        return dict(row, left_out=f"flat: the DDP default's held-out loss falls only {start:.4g} -> {goal:.4g} by L*")
     row["target_loss"] = goal
 
     def meter(arm):
@@ -211,10 +215,9 @@ def table(rows, args):
         lines.append(f"| {r['workload']} | {r['cluster']} | {r['target_loss']:.3f} | {fmt_time(d)} ({noise}) | "
                      f"{tag(b)} | {_x(b, d):.2f} | {tag(o)} | {_x(o, d):.2f} | {tag(z)} | {_x(z, d):.2f} | {tag(t)} | "
                      f"{fmt_time(t)} | {_x(t, d):.2f} | {t['search_s']:.0f} | {_x(t, d, True):.2f} |")
-    left = [f"{r['workload']} on {r['cluster']}" for r in rows if "left_out" in r]
+    left = [f"- {r['workload']} on {r['cluster']}: {r['left_out']}" for r in rows if "left_out" in r]
     if left:
-        lines += ["", f"Left out ({len(left)}): {', '.join(left)}: the default's all-reduce alone is over the "
-                  "campaign's per-step limit on this machine."]
+        lines += ["", f"Left out ({len(left)}):", "", *left]
 
     def ratios(sel, num, den=None):
         out = []
@@ -299,7 +302,7 @@ def main() -> None:
                 + f"  ({row['bench_s']:.0f} s)")
 
     def leave_out(cluster, wl):
-        return ("the default's all-reduce alone is over the campaign's per-step limit"
+        return ("the default's all-reduce alone is over the campaign's per-step limit on this machine"
                 if too_slow(sizes[wl], cluster) else None)
 
     rows = run_contexts(args, work, done, measure_one, show, leave_out)
