@@ -360,6 +360,11 @@ def horizon_of(workload) -> int:
     return getattr(info, "horizon", None) or DEFAULT_HORIZON
 
 
+def is_flat(start: float, goal: float) -> bool:
+    """Whether references that start at ``start`` and reach L* = ``goal`` fall too little to rank anything."""
+    return start - goal < FLAT_DROP * abs(start)
+
+
 def lr_of(workload) -> float:
     """The protocol's Adam learning rate for ``workload``: a built-in's own (``BuiltinInfo.lr``), else 1e-3."""
     from autosync import workloads
@@ -531,7 +536,7 @@ class EfficiencyMeter:
             return row
         refs = self.references()
         start, goal = float(np.mean([c.eval_loss[0] for c in refs])), target(refs, self.horizon)
-        if start - goal < FLAT_DROP * abs(start):
+        if is_flat(start, goal):
             row = efficiency_row(ekey, self.name, self.batch, self.world, self.rph, strategy,
                                  self._spec(strategy, 0), None, None, "flat",
                                  f"the reference's evaluation loss fell only {start:.4g} -> {goal:.4g} by 3/4 of "

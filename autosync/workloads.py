@@ -37,7 +37,7 @@ class BuiltinInfo:
     build: Callable[[], tuple[nn.Module, MakeBatch]]
     batch_size: int
     description: str
-    lr: float = 1e-3        # the efficiency protocol's Adam learning rate (autosync.efficiency.lr_of)
+    lr: float | None = None     # the efficiency protocol's Adam learning rate; None: its default (efficiency.lr_of)
 
 
 def _teacher(*shape: int) -> torch.Tensor:

@@ -45,7 +45,7 @@ from autosync.cluster import Cluster, ClusterSpecError
 from autosync.context import Context
 from autosync.datasets.campaign import model_bytes, too_slow
 from autosync.datasets.store import DatasetStore
-from autosync.efficiency import FLAT_DROP, REFERENCE_SEEDS, EfficiencyMeter, reference_key, target
+from autosync.efficiency import REFERENCE_SEEDS, EfficiencyMeter, is_flat, reference_key, target
 from autosync.models import training
 from autosync.models.efficiency_model import EfficiencyModel, fit_store
 from autosync.models.ranker import CostModel
@@ -128,7 +128,7 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say):
         keys = [reference_key(str(wl), batch, world, s) for s in range(REFERENCE_SEEDS)]
         refs = _References([refs_store, data], keys)
         noise = ref_meter.noise_scale()
-    if start - goal < FLAT_DROP * abs(start):      # as the efficiency meter's rule: no time to L* to speak of
+    if is_flat(start, goal):      # the efficiency meter's rule: no time to L* to speak of
         return dict(row, left_out=f"flat: the DDP default's held-out loss falls only {start:.4g} -> {goal:.4g} by L*")
     row["target_loss"] = goal
 
