@@ -26,7 +26,8 @@ them). A context whose DDP default would spend more than the campaign's limit pe
 ``FLAT_DROP`` by L*: ncf today); the table says which and why.
 
 Resumable: finished contexts are kept in ``--work`` (rows.jsonl, committed) and skipped; it takes 10-20 min a
-context, so the 48 default contexts span sessions.
+context, so the 48 default contexts span sessions. The arms' efficiency stores are committed too (.gitignore), so a
+later session's contexts reuse what earlier ones measured, as one user's store would.
 
     python bench/time_to_quality.py [--workloads ...] [--clusters ...] [--measure 8] [--work DIR]
 """
