@@ -128,3 +128,41 @@ def test_merge_adds_what_is_new_keeps_what_is_stored_and_says_so(tmp_path):
         out = cli(*args)
         assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not (tmp_path / "c").exists(), "nothing is written when a source is bad"
+
+
+def test_remeasure_replaces_a_workloads_rows_profiles_and_efficiency_everywhere_and_resumes(tmp_path,
+                                                                                             store_with_profile):
+    """After a workload's task changed, its stored rows are measured again on their cluster and replace the old
+    ones (in every folder that held them); its efficiency rows go, other workloads' stay; a second call measures
+    nothing."""
+    from autosync.cluster import parse_cluster
+    from autosync.datasets.remeasure import remeasure
+    from autosync.profiler.profile import nominal_profile
+    from autosync.strategy import Strategy
+
+    cluster = "2x1@1gbit"
+    lossy = Strategy.from_dict({"sync": {"mode": "local_sgd", "period": 2}})
+    folders = [tmp_path / "data", tmp_path / "v2"]
+    nominal = nominal_profile(parse_cluster(cluster), "mlp")
+    nominal.env["network"] = "emulated"
+    ctx = nominal.context_id
+    for d in folders:
+        store = store_with_profile(d, "mlp", cluster)
+        store.append([row(ctx, s.hash, source=src, strategy=s.to_json(), cluster=cluster, batch_size=128,
+                          world_size=2, ranks_per_node=1, timestamp=0.0)
+                      for src, s in (("ddp_default", Strategy.default()), ("local_sgd_2", lossy))])
+        store.append_efficiency([{"efficiency_key": "mlp|b128|w2|old", "status": "flat"},
+                                 {"efficiency_key": "gpt2-tiny|b8|w2|kept", "status": "ok"}])
+    counts = remeasure("mlp", folders, tmp_path / "work", progress=lambda m: None)
+    assert counts == {"contexts": 1, "measured": 2, "replaced": 4, "efficiency_removed": 2}
+    for d in folders:
+        store = DatasetStore(d)
+        df = store.read(efficiency=False)
+        assert sorted(df.source) == ["ddp_default", "local_sgd_2"]
+        assert (df.status == "ok").all() and (df.samples_per_s > 1.0).all(), "measured again, not the old rows"
+        assert (df.timestamp > 0).all()
+        profile = store.load_profile_dict(ctx)
+        assert profile is not None and profile != nominal.to_dict(), "the profile must be measured again"
+        assert sorted(store.read_efficiency().efficiency_key) == ["gpt2-tiny|b8|w2|kept"]
+    again = remeasure("mlp", folders, tmp_path / "work", progress=lambda m: None)
+    assert again["measured"] == 0 and len(DatasetStore(folders[0]).read(efficiency=False)) == 2
