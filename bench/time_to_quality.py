@@ -45,7 +45,7 @@ from autosync import workloads as W
 from autosync.cluster import Cluster, ClusterSpecError
 from autosync.context import Context
 from autosync.datasets.campaign import model_bytes, too_slow
-from autosync.datasets.store import DatasetStore
+from autosync.datasets.store import DatasetStore, safe_name
 from autosync.efficiency import REFERENCE_SEEDS, EfficiencyMeter, is_flat, reference_key, target
 from autosync.models import training
 from autosync.models.efficiency_model import EfficiencyModel, fit_store
@@ -117,7 +117,7 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say):
     profile = Profile.from_dict(raw) if raw else context_profile(DatasetStore(work / "profiles"), pool, cluster, wl,
                                                                  batch, say)
     base, cost_model, eff_model = lowo_models(full, data, wl, args.seed)
-    scratch = work / "contexts" / "".join(c if c.isalnum() or c in "-_.@" else "_" for c in ctx)
+    scratch = work / "contexts" / safe_name(ctx)
     shutil.rmtree(scratch, ignore_errors=True)     # an interrupted context starts over: no trials from before
     scratch.mkdir(parents=True)
     card = uncertainty.load_card()

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from autosync.datasets import SHIPPED_DATA
-from autosync.datasets.store import DatasetStore
+from autosync.datasets.store import DatasetStore, safe_name
 
 DEFAULT_WORK = Path("autosync-remeasure")
 
@@ -60,10 +60,6 @@ def saved_plan(workload: str, data: list[Path], work: Path) -> tuple[dict[str, d
     return contexts, holders
 
 
-def _safe(ctx: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_.@" else "_" for ch in ctx)
-
-
 def remeasure(workload: str, data: list[Path], work: Path, progress=print) -> dict[str, int]:
     """Measure the contexts of ``plan(data[0], workload)`` into ``work`` (one store per context), then replace
     them in each of ``data``. Returns counts: contexts, trials measured now, trials replaced, efficiency rows
@@ -79,7 +75,7 @@ def remeasure(workload: str, data: list[Path], work: Path, progress=print) -> di
     contexts, holders = saved_plan(workload, data, work)
     counts = {"contexts": len(contexts), "measured": 0, "replaced": 0, "efficiency_removed": 0}
     for i, (ctx, c) in enumerate(contexts.items(), 1):
-        new = DatasetStore(work / _safe(ctx))
+        new = DatasetStore(work / safe_name(ctx))
         have = {h for cid, h in new.keys() if cid == ctx}
         trials = [(source, loads_strategy(text)) for source, text in c["trials"]]
         if new.load_profile_dict(ctx) is not None and all(s.hash in have for _, s in trials):
@@ -102,7 +98,7 @@ def remeasure(workload: str, data: list[Path], work: Path, progress=print) -> di
         mine = set(holders[str(root)])
         counts["replaced"] += store.remove({k for k in store.keys() if k[0] in mine})
         for ctx in mine:
-            new = DatasetStore(work / _safe(ctx))
+            new = DatasetStore(work / safe_name(ctx))
             store.merge(new)        # the old rows are gone, so every new one is added
             store.save_profile(ctx, new.load_profile_dict(ctx))
         eff = store.read_efficiency()

@@ -139,6 +139,11 @@ class _Table:
                 p.unlink()
 
 
+def safe_name(context_id: str) -> str:
+    """A context id as a file or folder name: letters, digits and ``-_.@`` kept, anything else ``_``."""
+    return "".join(c if c.isalnum() or c in "-_.@" else "_" for c in context_id)
+
+
 def _upgrade_v1(table: pa.Table) -> pa.Table:
     """A version-1 trials table as version 2: its efficiency keys computed from its columns."""
     from autosync.efficiency import key as efficiency_key
@@ -287,8 +292,7 @@ class DatasetStore:
 
     # --- profiles ------------------------------------------------------------------------
     def profile_path(self, context_id: str) -> Path:
-        safe = "".join(c if c.isalnum() or c in "-_.@" else "_" for c in context_id)
-        return self.root / "profiles" / f"{safe}.json"
+        return self.root / "profiles" / f"{safe_name(context_id)}.json"
 
     def save_profile(self, context_id: str, profile_dict: dict) -> None:
         path = self.profile_path(context_id)
