@@ -30,6 +30,7 @@ context, so the 48 default contexts span sessions. The arms' efficiency stores a
 later session's contexts reuse what earlier ones measured, as one user's store would.
 
     python bench/time_to_quality.py [--workloads ...] [--clusters ...] [--measure 8] [--work DIR]
+    python bench/time_to_quality.py --table-only      # the table of every finished context, measuring nothing
 """
 import argparse
 import json
@@ -258,32 +259,8 @@ def table(rows, args):
     return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", nargs="+", default=list(W.BUILTINS), choices=list(W.BUILTINS), metavar="WORKLOAD")
-    ap.add_argument("--clusters", nargs="+", default=CLUSTERS)
-    ap.add_argument("--data", default=str(SHIPPED_DATA), help="dataset the models are fitted to (less the workload "
-                                                              "under test); default: the shipped one")
-    ap.add_argument("--measure", type=int, default=8, help="measured trials of tune and of Optuna alone (default 8)")
-    ap.add_argument("--confirm-rounds", type=int, default=3, help="as `autosync tune` (default 3)")
-    ap.add_argument("--finalists", type=int, default=3, help="as `autosync tune` (default 3)")
-    ap.add_argument("--cap", type=float, default=2.0, help="give up on a pick after this many times the default's "
-                                                           "time to target (default 2)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--work", default=str(Path(__file__).parent / "work" / "time_to_quality"),
-                    help="resumable work directory (default bench/work/time_to_quality: it outlives a session; git "
-                         "keeps its rows.jsonl, the finished contexts, and ignores the rest)")
-    ap.add_argument("--out", default=str(RESULTS / "time_to_quality.md"))
-    args = ap.parse_args()
-    for spec in args.clusters:
-        try:
-            Cluster.parse(spec)
-        except ClusterSpecError as e:
-            ap.error(f"--clusters: {e}")
-    if not (Path(args.data) / "profiles").is_dir():
-        ap.error(f"--data {args.data}: not a dataset folder (no profiles/)")
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+def measure(args, work: Path) -> list[dict]:
+    """Measure the contexts of ``args`` not finished in ``work``; every finished row of ``args``' contexts."""
     done = set(load_rows(work))
     data = DatasetStore(args.data, create=False)
     full = training.build(data)
@@ -306,7 +283,43 @@ def main() -> None:
         return ("the default's all-reduce alone is over the campaign's per-step limit on this machine"
                 if too_slow(sizes[wl], cluster) else None)
 
-    rows = run_contexts(args, work, done, measure_one, show, leave_out)
+    return run_contexts(args, work, done, measure_one, show, leave_out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", nargs="+", default=list(W.BUILTINS), choices=list(W.BUILTINS), metavar="WORKLOAD")
+    ap.add_argument("--clusters", nargs="+", default=CLUSTERS)
+    ap.add_argument("--data", default=str(SHIPPED_DATA), help="dataset the models are fitted to (less the workload "
+                                                              "under test); default: the shipped one")
+    ap.add_argument("--measure", type=int, default=8, help="measured trials of tune and of Optuna alone (default 8)")
+    ap.add_argument("--confirm-rounds", type=int, default=3, help="as `autosync tune` (default 3)")
+    ap.add_argument("--finalists", type=int, default=3, help="as `autosync tune` (default 3)")
+    ap.add_argument("--cap", type=float, default=2.0, help="give up on a pick after this many times the default's "
+                                                           "time to target (default 2)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--work", default=str(Path(__file__).parent / "work" / "time_to_quality"),
+                    help="resumable work directory (default bench/work/time_to_quality: it outlives a session; git "
+                         "keeps its rows.jsonl, the finished contexts, and ignores the rest)")
+    ap.add_argument("--out", default=str(RESULTS / "time_to_quality.md"))
+    ap.add_argument("--table-only", action="store_true",
+                    help="measure nothing: write the table and plot of the contexts of --workloads x --clusters "
+                         "finished in --work")
+    args = ap.parse_args()
+    for spec in args.clusters:
+        try:
+            Cluster.parse(spec)
+        except ClusterSpecError as e:
+            ap.error(f"--clusters: {e}")
+    if not (Path(args.data) / "profiles").is_dir():
+        ap.error(f"--data {args.data}: not a dataset folder (no profiles/)")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    if args.table_only:
+        finished = load_rows(work)
+        rows = [finished[(w, c)] for c in args.clusters for w in args.workloads if (w, c) in finished]
+    else:
+        rows = measure(args, work)
     lines = table(rows, args)
     write_result(args.out, lines)
     print("\n".join(lines))
