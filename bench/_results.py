@@ -12,26 +12,34 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
-def provenance() -> list[str]:
-    """Markdown lines: command, commit (with '+dirty' when code has uncommitted changes; results do not count), date."""
+def commit() -> str:
+    """The checkout's short commit, with '+dirty' when code has uncommitted changes (results do not count)."""
     root = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                                text=True, check=True).stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
                                 ":(exclude)bench/results", ":(exclude)bench/work"], cwd=root, capture_output=True,
                                text=True).stdout.strip()
-        commit += "+dirty" if dirty else ""
+        return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        commit = "unknown (not a git checkout)"
+        return "unknown (not a git checkout)"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def provenance() -> list[str]:
+    """Markdown lines: command, commit (:func:`commit`), date."""
+    root = Path(__file__).resolve().parent.parent
     script = Path(sys.argv[0])
     try:
         script = script.resolve().relative_to(root)
     except ValueError:
         pass
     command = shlex.join(["python", str(script), *sys.argv[1:]])
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return [f"Command: `{command}`  ", f"Commit: `{commit}`  ", f"Date: {now}", ""]
+    return [f"Command: `{command}`  ", f"Commit: `{commit()}`  ", f"Date: {_now()}", ""]
 
 
 def write(path: str | Path, lines: list[str]) -> Path:
@@ -80,7 +88,8 @@ def run_contexts(args, work: Path, done, measure_one, show, leave_out=None) -> l
     """Measure every (cluster, workload) of ``args`` not in ``done``, one emulated cluster and rank pool per cluster.
 
     ``measure_one(pool, cluster, spec, workload, prior)`` returns a context's row (``prior``: its earlier row, if
-    any), which is appended to ``work/rows.jsonl`` at once (an interrupted run resumes) and printed by ``show``.
+    any), which is appended to ``work/rows.jsonl`` at once (an interrupted run resumes) with the commit of the code
+    that measured it and the date (``measured_by``), and printed by ``show``.
     ``leave_out(cluster, workload)``: why a context is not measured (None: it is); its row says so, and a cluster
     whose contexts are all left out is not brought up. Returns the rows of ``args``' contexts in (cluster,
     workload) order."""
@@ -90,8 +99,10 @@ def run_contexts(args, work: Path, done, measure_one, show, leave_out=None) -> l
     from autosync.executor.emulate import emulate
 
     rows = load_rows(work)
+    code = commit()
 
     def store(row):
+        row["measured_by"] = f"{code}, {_now()}"
         with (Path(work) / "rows.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
         rows[(row["workload"], row["cluster"])] = row

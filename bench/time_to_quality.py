@@ -256,6 +256,12 @@ def table(rows, args):
     why = [f"- {r['workload']} {r['cluster']}: {r['tune m8 why']}" for r in done if r.get("tune m8 why")]
     if why:
         lines += ["", "Why tune m8 did not take the fastest-per-step strategy:", "", *why]
+    by: dict[str, list[str]] = {}
+    for r in done:
+        code = r.get("measured_by", "not recorded, ").split(",")[0]
+        by.setdefault(code, []).append(f"{r['workload']} {r['cluster']}")
+    lines += ["", "Code that measured each context (its commit; rows.jsonl's `measured_by` has the date):", "",
+              *(f"- {code}: {', '.join(ctxs)}" for code, ctxs in by.items())]
     return lines
 
 
