@@ -151,8 +151,8 @@ def test_remeasure_replaces_a_workloads_rows_profiles_and_efficiency_everywhere_
         store.append([row(ctx, s.hash, source=src, strategy=s.to_json(), cluster=cluster, batch_size=128,
                           world_size=2, ranks_per_node=1, timestamp=0.0)
                       for src, s in (("ddp_default", Strategy.default()), ("local_sgd_2", lossy))])
-        store.append_efficiency([{"efficiency_key": "mlp|b128|w2|old", "status": "flat"},
-                                 {"efficiency_key": "gpt2-tiny|b8|w2|kept", "status": "ok"}])
+        store.append_efficiency([{"efficiency_key": "mlp|b128|w2|old", "workload": "mlp", "status": "flat"},
+                                 {"efficiency_key": "gpt2-tiny|b8|w2|kept", "workload": "gpt2-tiny", "status": "ok"}])
     counts = remeasure("mlp", folders, tmp_path / "work", progress=lambda m: None)
     assert counts == {"contexts": 1, "measured": 2, "replaced": 4, "efficiency_removed": 2}
     for d in folders:

@@ -102,8 +102,7 @@ def remeasure(workload: str, data: list[Path], work: Path, progress=print) -> di
             store.merge(new)        # the old rows are gone, so every new one is added
             store.save_profile(ctx, new.load_profile_dict(ctx))
         eff = store.read_efficiency()
-        counts["efficiency_removed"] += store.remove_efficiency(
-            {k for k in eff.efficiency_key if k.split("|", 1)[0] == workload})   # keys start workload|b<batch>
+        counts["efficiency_removed"] += store.remove_efficiency(set(eff.efficiency_key[eff.workload == workload]))
         store.compact()
     return counts
 
