@@ -37,10 +37,13 @@ local-SGD drift ``sqrt(mean_i ||theta_i - theta_bar||^2) / ||theta_bar||`` just 
 estimator AdaptDL uses, from per-rank gradients of batch B and their mean of batch W B).
 
 **Asynchronous modes** (asp): their efficiency depends on timing (how far behind each push is),
-so it is meaningful only on the cluster itself. In timed mode they train in windows of
+so it is meaningful only on the cluster itself. There (``CurveSpec.timed``, which the meter sets
+for them once it has the cluster's ranks, and which ``stop_at`` implies) they train in windows of
 wall-clock time (the first ``eval_every`` steps long), each rank at its own pace, and a curve's
-step count is the ranks' total steps / W. Untimed (the loopback meter), they train step for step
-like the others: an approximation the stored row does not distinguish yet.
+step count is the ranks' total steps / W: a fast host's extra, staler steps count, as they would
+in a real run. Untimed (the loopback meter, key ``|on:loopback``), they train step for step like
+the others, the ranks kept in lockstep by the per-step loss reduction: an approximation, and the
+key says so. (Protocol 1 trained them step for step on the cluster too; such rows are not reused.)
 
 A reference whose evaluation loss falls less than ``FLAT_DROP`` (2%) of its start by L*
 cannot rank anything: its candidates are stored with status ``flat`` and no efficiency.
@@ -73,7 +76,8 @@ DEFAULT_HORIZON = 240
 DEFAULT_EVAL_EVERY = 20
 DEFAULT_LR = 1e-3                # Adam's, for workloads that name none (autosync.workloads.BuiltinInfo.lr)
 FLAT_DROP = 0.02                 # a reference whose loss falls less than this share by L* cannot rank anything
-PROTOCOL = 1                     # bump when the measurement changes: stored results of another protocol are not reused
+PROTOCOL = 2                     # bump when the measurement changes: stored results of another protocol are not reused
+#                                  (2: asynchronous modes train on the cluster in timed windows; see reusable())
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class CurveSpec:
     optimizer: str = "adam"
     signals: bool = True
     stop_at: float | None = None      # timed mode: stop once the smoothed evaluation loss has reached this
+    timed: bool = False               # timed mode without a stop (implied by stop_at): asp in wall-clock windows
     max_train_s: float | None = None  # timed mode: give up after this much training time
 
 
@@ -141,10 +146,11 @@ def _flat_grads(params) -> "Any":
 def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
     """Rank-side body: train ``spec.horizon`` steps by the strategy, evaluating the consensus model.
 
-    Timed mode (``spec.stop_at`` set): no signals and no per-step loss reduction (nothing but the strategy's own
-    communication runs between evaluations), the training time is read at every evaluation with the clock
-    paused while evaluating, and training stops as soon as the smoothed curve has crossed ``stop_at`` with the
-    crossing confirmed by the next evaluation (the centred smoothing needs it), or after ``max_train_s``."""
+    Timed mode (``spec.timed`` or ``spec.stop_at`` set): no signals and no per-step loss reduction (nothing but
+    the strategy's own communication runs between evaluations, so an asynchronous mode's ranks keep their own
+    pace), the training time is read at every evaluation with the clock paused while evaluating, and training
+    stops as soon as the smoothed curve has crossed ``stop_at`` (when set) with the crossing confirmed by the
+    next evaluation (the centred smoothing needs it), or after ``max_train_s``."""
     import torch
     import torch.distributed as dist
 
@@ -187,8 +193,14 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
         dist.all_reduce(total)
         return total.item() / n_eval
 
-    timed = spec.stop_at is not None
+    timed = spec.timed or spec.stop_at is not None
     steps, evals, train, train_s = [0], [], [], [0.0]
+
+    def reached() -> bool:
+        """Whether the smoothed curve crossed ``stop_at``, confirmed by the evaluation after the crossing."""
+        n = steps_to(steps, evals, spec.stop_at) if spec.stop_at is not None else None
+        return n is not None and n <= steps[-2]
+
     try:
         dist.barrier()
         evals.append(evaluate())
@@ -215,8 +227,7 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
             train_s.append(train_s[-1] + longest)
             steps.append(steps[-1] + taken / world)
             evals.append(evaluate())
-            n_to = steps_to(steps, evals, spec.stop_at)
-            if (n_to is not None and n_to <= steps[-2]) or (spec.max_train_s and train_s[-1] > spec.max_train_s):
+            if reached() or (spec.max_train_s and train_s[-1] > spec.max_train_s):
                 break
         for step in range(1, 0 if async_timed else spec.horizon + 1):
             batch = to_device(make_batch(spec.batch_size, gen), device)
@@ -267,9 +278,7 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
                 clock = now(device)
                 if timed:
                     # every rank holds the same reduced losses: the decision is the same everywhere
-                    n = steps_to(steps, evals, spec.stop_at)
-                    confirmed = n is not None and n <= steps[-2]
-                    if confirmed or (spec.max_train_s and train_s[-1] > spec.max_train_s):
+                    if reached() or (spec.max_train_s and train_s[-1] > spec.max_train_s):
                         break
     finally:
         release(ddp)
@@ -351,6 +360,15 @@ def compare(references: list[Curve], candidate: Curve, horizon: int) -> Efficien
     within = n_cand is not None and abs(raw - 1) <= band
     return Efficiency(1.0 if within else raw, raw, band, within, goal, min(smooth(candidate.eval_loss)), n0, n_cand,
                       candidate.eval_loss[-1] / finals[0], final_band)
+
+
+def reusable(row: dict) -> bool:
+    """Whether a stored row was measured by this protocol. Protocol 2 changed only asynchronous modes on a
+    cluster (timed windows instead of lockstep steps): a protocol-1 row of anything else measured the same."""
+    if row.get("protocol") == PROTOCOL:
+        return True
+    where = row["efficiency_key"].rpartition("|on:")
+    return row.get("protocol") == 1 and (not where[1] or where[2] == LOOPBACK)
 
 
 def horizon_of(workload) -> int:
@@ -449,8 +467,9 @@ class EfficiencyMeter:
         return key(self.name, self.batch, self.world, self.rph, strategy, self.where(strategy))
 
     def _spec(self, strategy: Strategy, seed: int) -> CurveSpec:
+        on_cluster = self.where(strategy) not in (None, LOOPBACK)     # asp on the cluster: its own pace per rank
         return CurveSpec(self.workload, strategy.canonical(), self.batch, self.horizon, self.eval_every, seed,
-                         self.lr, self.optimizer)
+                         self.lr, self.optimizer, timed=on_cluster)
 
     def pool(self):
         if self._pool is None:
@@ -475,7 +494,7 @@ class EfficiencyMeter:
             self._also_rows = [store.efficiency_rows() for store in self.also]
         for rows in (self.store.efficiency_rows(), *self._also_rows):
             row = rows.get(ekey)
-            if (row is not None and row.get("protocol") == PROTOCOL and row.get("horizon") == self.horizon
+            if (row is not None and reusable(row) and row.get("horizon") == self.horizon
                     and row.get("lr") == self.lr):
                 return row
         return None

@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 from autosync.datasets.store import DatasetStore
-from autosync.efficiency import (Curve, CurveSpec, EfficiencyMeter, compare, key, lr_of, measure_curve, steps_to,
-                                 target)
+from autosync.efficiency import (Curve, CurveSpec, EfficiencyMeter, compare, key, lr_of, measure_curve, reusable,
+                                 steps_to, target)
 from autosync.executor.launch import RankPool
 from autosync.strategy import Strategy
 
@@ -95,13 +95,28 @@ def test_meter_stores_measures_once_and_reads_it_back(tmp_path):
     spec = "2x1@1gbit;node1=cpu:0.5"
     with EfficiencyMeter(store, SMALL, 64, 2, 1, horizon=HORIZON, eval_every=EVERY) as meter, \
             RankPool(2, ranks_per_host=1) as cluster_ranks:
-        assert meter.where(asp) == "loopback" and meter.where(psgd) is None
+        assert meter.where(asp) == "loopback" and meter.where(psgd) is None and not meter._spec(asp, 0).timed
         meter.on_cluster(cluster_ranks, spec)       # asp's staleness follows the cluster's timing: trained there
+        assert meter._spec(asp, 0).timed, "asp on the cluster must train at each rank's own pace, not in lockstep"
+        assert not meter._spec(psgd, 0).timed and not meter._spec(Strategy.default(), 0).timed
         row = meter.measure(asp)
         assert row["status"] == "ok" and row["efficiency_key"].endswith(f"|on:{spec}")
         assert meter._pool is None, "asp must train on the cluster's ranks, not on the meter's loopback ranks"
         assert meter.stored(asp)["efficiency_key"] == row["efficiency_key"]
         assert meter.measure(psgd)["efficiency_key"] == rows.efficiency_key[~(rows.lossy_key == "lossless")].iloc[0]
+
+
+def test_rows_of_an_older_protocol_are_reused_only_where_the_measurement_did_not_change():
+    asp = Strategy.from_dict({"sync": "asp"})
+    psgd = Strategy.from_dict({"groups": [{"compressor": {"name": "powersgd", "rank": 1}}]})
+    on_cluster, on_loopback, sync = (key("mlp", 128, 2, 1, asp, "2x1@1gbit;node1=cpu:0.5"),
+                                     key("mlp", 128, 2, 1, asp), key("mlp", 128, 2, 1, psgd))
+    # protocol 1 trained asp step for step on the cluster (lockstep): not what its key promises
+    assert not reusable({"efficiency_key": on_cluster, "protocol": 1})
+    assert reusable({"efficiency_key": on_cluster, "protocol": 2})
+    assert reusable({"efficiency_key": on_loopback, "protocol": 1})
+    assert reusable({"efficiency_key": sync, "protocol": 1})
+    assert not reusable({"efficiency_key": sync, "protocol": 0})
 
 
 def test_the_efficiency_model_can_be_fitted_without_one_workload():

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from autosync.cluster import parse_cluster
+from autosync.efficiency import CurveSpec, measure_curve
 from autosync.executor.emulate import (EmulatedCluster, can_emulate, cgroup_root, has_netem, list_cgroups,
                                        list_namespaces, sweep)
 from autosync.executor.linkcheck import check_compute, check_links, check_paths
@@ -121,6 +122,21 @@ def test_a_half_speed_host_sets_the_bsp_step_time():
     assert speeds[0].measured_speed > 0.8 and 0.35 < speeds[1].measured_speed < 0.65, speeds
     # compute is most of a step at 10 gbit, so half speed on one host should near double it; unlimited reads ~1.0
     assert uneven.step_s > 1.4 * even.step_s, (uneven.step_s, even.step_s)
+
+
+def test_asp_on_a_half_speed_host_counts_the_fast_hosts_extra_steps():
+    """Timed (as the efficiency meter trains asp on a cluster): windows of wall-clock time, each rank at its own
+    pace, so the full-speed host takes more steps than the half-speed one. In lockstep (protocol 1's way) every
+    window would add exactly eval_every bsp-equivalent steps; timed, one read [0, 10, 33, 57, 79] here (and
+    [0, 10, 26.5, 44, 61.5] with both hosts at full speed: the first window, which sets the length, is slowed by
+    the first steps' warm-up)."""
+    cluster = parse_cluster("2x1@10gbit;node1=cpu:0.5")
+    asp = Strategy.from_dict({"sync": "asp"}).canonical()
+    with EmulatedCluster(cluster) as emu, emu.pool() as pool:
+        curve = measure_curve(pool, CurveSpec("mlp", asp, 32, 60, 10, signals=False, timed=True), 300)
+    added = [b - a for a, b in zip(curve.steps[1:], curve.steps[2:])]     # the first window is 10 steps of each rank
+    assert curve.steps[1] == 10 and curve.steps[-1] >= 60, curve.steps
+    assert statistics.median(added) > 12, curve.steps
 
 
 HANG = "tests/fixtures/faulty.py:hang_on_rank1"
