@@ -425,7 +425,8 @@ def _curve_of(row: dict) -> Curve:
 
 
 class EfficiencyMeter:
-    """Measures efficiencies on loopback ranks, storing every curve; stored ones are reused (resume).
+    """Measures efficiencies on loopback ranks, storing every curve; stored ones are reused (resume). A new
+    measurement takes the place of a stored row of its key that could not be reused (see :func:`reusable`).
 
     One meter per (workload, batch, world, hosts). ``measure(strategy)`` returns the stored or
     newly measured row (a dict, see :func:`efficiency_row`) of the strategy's efficiency key.
@@ -534,7 +535,7 @@ class EfficiencyMeter:
                     row = efficiency_row(ekey, self.name, self.batch, self.world, self.rph, default,
                                          self._spec(default, seed), curve, None)
                     row.update(efficiency=1.0, efficiency_raw=1.0, efficiency_lo=1.0, efficiency_hi=1.0)
-                    self.store.append_efficiency([row])
+                    self.store.replace_efficiency([row])
                 curves.append(_curve_of(row))
             self._references = curves
         return self._references
@@ -560,13 +561,13 @@ class EfficiencyMeter:
                                  self._spec(strategy, 0), None, None, "flat",
                                  f"the reference's evaluation loss fell only {start:.4g} -> {goal:.4g} by 3/4 of "
                                  f"{self.horizon} steps: too flat to measure an efficiency")
-            self.store.append_efficiency([row])
+            self.store.replace_efficiency([row])
             return row
         curve, status, reason = self._run(strategy, 0, ekey, f"lossy strategy {strategy.hash}")
         eff = compare(refs, curve, self.horizon) if curve is not None else None
         row = efficiency_row(ekey, self.name, self.batch, self.world, self.rph, strategy, self._spec(strategy, 0),
                              curve, eff, status, reason)
-        self.store.append_efficiency([row])
+        self.store.replace_efficiency([row])
         return row
 
 

@@ -99,10 +99,13 @@ def test_meter_stores_measures_once_and_reads_it_back(tmp_path):
         meter.on_cluster(cluster_ranks, spec)       # asp's staleness follows the cluster's timing: trained there
         assert meter._spec(asp, 0).timed, "asp on the cluster must train at each rank's own pace, not in lockstep"
         assert not meter._spec(psgd, 0).timed and not meter._spec(Strategy.default(), 0).timed
+        stale = {**rows.iloc[-1].to_dict(), "efficiency_key": meter.key(asp), "protocol": 1, "efficiency": 0.123}
+        store.append_efficiency([stale])      # protocol 1 trained asp in lockstep on the cluster: not reused
         row = meter.measure(asp)
-        assert row["status"] == "ok" and row["efficiency_key"].endswith(f"|on:{spec}")
+        assert row["status"] == "ok" and row["efficiency_key"].endswith(f"|on:{spec}") and row["protocol"] == 2
         assert meter._pool is None, "asp must train on the cluster's ranks, not on the meter's loopback ranks"
-        assert meter.stored(asp)["efficiency_key"] == row["efficiency_key"]
+        kept = meter.stored(asp)    # the new measurement replaces the stale row: it must not be dropped beside it
+        assert (kept["protocol"], kept["timestamp"]) == (2, row["timestamp"]), kept
         assert meter.measure(psgd)["efficiency_key"] == rows.efficiency_key[~(rows.lossy_key == "lossless")].iloc[0]
 
 

@@ -287,7 +287,18 @@ class DatasetStore:
             return int(gone.sum())
 
     def append_efficiency(self, rows: list[dict]) -> int:
+        """Append the rows whose keys are not stored yet (a stored key keeps its row); returns how many."""
         with self._locked():
+            return self._efficiency.append_locked(rows)
+
+    def replace_efficiency(self, rows: list[dict]) -> int:
+        """Store ``rows``, replacing the stored rows of their keys (a measurement made again because the stored
+        one cannot be reused: another protocol, learning rate or horizon, or a failed run), under one lock."""
+        with self._locked():
+            df = self._efficiency.read()
+            gone = df.efficiency_key.isin({r["efficiency_key"] for r in rows})
+            if gone.any():
+                self._efficiency.compact_locked(df[~gone])
             return self._efficiency.append_locked(rows)
 
     # --- profiles ------------------------------------------------------------------------
