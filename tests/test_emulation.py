@@ -124,7 +124,7 @@ def test_a_half_speed_host_sets_the_bsp_step_time():
     assert uneven.step_s > 1.4 * even.step_s, (uneven.step_s, even.step_s)
 
 
-def test_asp_on_a_half_speed_host_counts_the_fast_hosts_extra_steps():
+def test_timed_asp_on_a_half_speed_host_is_not_held_in_lockstep():
     """Timed (as the efficiency meter trains asp on a cluster): windows of wall-clock time, each rank at its own
     pace, so the full-speed host takes more steps than the half-speed one. In lockstep (protocol 1's way) every
     window would add exactly eval_every bsp-equivalent steps; timed, one read [0, 10, 33, 57, 79] here (and

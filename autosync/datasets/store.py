@@ -280,11 +280,14 @@ class DatasetStore:
         """Delete the efficiency rows with these keys (e.g. a workload's, after its task changed), as ``remove``
         does for trials; returns how many were deleted."""
         with self._locked():
-            df = self._efficiency.read()
-            gone = df.efficiency_key.isin(keys)
-            if gone.any():
-                self._efficiency.compact_locked(df[~gone])
-            return int(gone.sum())
+            return self._remove_efficiency_locked(keys)
+
+    def _remove_efficiency_locked(self, keys: set[str]) -> int:
+        df = self._efficiency.read()
+        gone = df.efficiency_key.isin(keys)
+        if gone.any():
+            self._efficiency.compact_locked(df[~gone])
+        return int(gone.sum())
 
     def append_efficiency(self, rows: list[dict]) -> int:
         """Append the rows whose keys are not stored yet (a stored key keeps its row); returns how many."""
@@ -295,10 +298,7 @@ class DatasetStore:
         """Store ``rows``, replacing the stored rows of their keys (a measurement made again because the stored
         one cannot be reused: another protocol, learning rate or horizon, or a failed run), under one lock."""
         with self._locked():
-            df = self._efficiency.read()
-            gone = df.efficiency_key.isin({r["efficiency_key"] for r in rows})
-            if gone.any():
-                self._efficiency.compact_locked(df[~gone])
+            self._remove_efficiency_locked({r["efficiency_key"] for r in rows})
             return self._efficiency.append_locked(rows)
 
     # --- profiles ------------------------------------------------------------------------
