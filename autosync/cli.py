@@ -90,26 +90,11 @@ def _job_aware(cmd):
             if pool.rank != 0:
                 return pool.serve()
             args.pool = pool
-            try:
-                return cmd(args)
-            finally:
-                pool.close()
+            return cmd(args)
         finally:
-            _leave_job()
+            args.pool = None
+            pool.close()      # releases the others (rank 0) and takes the job's groups down on every rank
     return wrapped
-
-
-def _leave_job() -> None:
-    """The command is done with the job and its process is about to end: take its process groups down first, so
-    that no communication thread outlives the interpreter (a rank once aborted at exit: "terminate called without
-    an active exception")."""
-    import torch.distributed as dist
-
-    try:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - a job whose peers are gone already: nothing left to tear down cleanly
-        pass
 
 
 def _add_run(sub) -> None:

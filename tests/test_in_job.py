@@ -12,6 +12,7 @@ import pytest
 from autosync.cluster import parse_cluster
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import EmulatedCluster, can_emulate
+from autosync.executor.launch import free_port
 from conftest import FEW_CANDIDATES
 
 FAULTS = str(Path(__file__).resolve().parent / "fixtures" / "faulty.py")
@@ -73,6 +74,18 @@ def test_hosts_come_from_node_ranks_and_a_non_uniform_job_is_refused_in_one_line
         ranks_per_host(["node0", "node0", "node1"])
     with pytest.raises(UserError, match="consecutive"):
         ranks_per_host(["node0", "node1", "node0", "node1"])   # interleaved hosts: hierarchical groups would be wrong
+
+
+def test_closing_the_job_pool_takes_its_process_groups_down_on_every_rank(tmp_path):
+    """A group left for interpreter exit can abort the process after its work is done (gloo's threads vs. Python's
+    teardown: a rank SIGABRTed in CI after writing its strategy); close() must leave none alive."""
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                          str(free_port()), str(Path(__file__).resolve().parent / "fixtures" / "job_teardown.py")],
+                         cwd=tmp_path, env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "TMPDIR": str(tmp_path)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: groups alive 0, initialized False" in out.stdout, out.stdout + out.stderr[-2000:]
 
 
 def test_in_job_outside_a_job_and_a_cluster_of_another_shape_are_one_line_each(tmp_path):

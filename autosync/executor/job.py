@@ -141,6 +141,28 @@ def _agree_on_start(store, rank: int, world: int, timeout_s: float) -> str:
     raise TimeoutError("rank 0 did not start this start of the job")
 
 
+def leave() -> None:
+    """Take this process's process groups down now, while the interpreter is whole.
+
+    A group destroyed only at interpreter exit can abort the process: gloo's worker threads may still
+    hold work whose tensors need the GIL while Python is being torn down ("terminate called without an
+    active exception", SIGABRT, seen here twice after rank 0 had written its strategy file; torch's
+    own fix, an atexit hook, was abandoned: pytorch/pytorch#179291). ``destroy_process_group`` drops
+    torch's references; the caller drops its own (the pool's control group) and ``gc.collect`` frees
+    any held in cycles, so the groups' C++ objects go now.
+    """
+    import gc
+
+    import torch.distributed as dist
+
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - a job whose peers are gone already: nothing left to tear down cleanly
+        pass
+    gc.collect()
+
+
 class JobPool:
     """The job's ranks, driven by rank 0. Build it on every rank (it initializes the process group)."""
 
@@ -156,29 +178,34 @@ class JobPool:
             if var not in os.environ:
                 raise UserError(f"--in-job runs inside a distributed job, and ${var} is not set: start it with "
                                 f"torchrun (e.g. torchrun --nnodes N --nproc-per-node G -m autosync.cli ... --in-job)")
-        self.device = dev.default_device()
-        dev.set_device(self.device)
-        self.backend = backend or dev.backend_for(self.device)
-        self.timeout_s = timeout_s
-        if not dist.is_initialized():
-            dist.init_process_group(self.backend, store=_attempt_store(timeout_s),
-                                    rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                                    timeout=datetime.timedelta(seconds=timeout_s))
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=CONTROL_TIMEOUT_S))
-        keys: list[Any] = [None] * self.world_size
-        dist.all_gather_object(keys, host_key(), group=self.control)
-        self.ranks_per_host = ranks_per_host(keys)
-        self.hosts = self.world_size // self.ranks_per_host
-        self.facts = {**dev.describe(self.device), "hosts": self.hosts, "ranks_per_host": self.ranks_per_host,
-                      "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                      "start": os.environ.get("AUTOSYNC_JOB_START", "")}
-        self.ctx = RankContext(self.rank, self.world_size, self.ranks_per_host, device=self.device,
-                               backend=self.backend)
-        self.broken: str | None = None
-        self._released = False
-        self.on_abort: Callable[[str, str], None] | None = None   # rank 0: (status, reason) before a watchdog exit
-        self.starts = 1
+        try:
+            self.device = dev.default_device()
+            dev.set_device(self.device)
+            self.backend = backend or dev.backend_for(self.device)
+            self.timeout_s = timeout_s
+            if not dist.is_initialized():
+                dist.init_process_group(self.backend, store=_attempt_store(timeout_s),
+                                        rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                                        timeout=datetime.timedelta(seconds=timeout_s))
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+            self.control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=CONTROL_TIMEOUT_S))
+            keys: list[Any] = [None] * self.world_size
+            dist.all_gather_object(keys, host_key(), group=self.control)
+            self.ranks_per_host = ranks_per_host(keys)
+            self.hosts = self.world_size // self.ranks_per_host
+            self.facts = {**dev.describe(self.device), "hosts": self.hosts, "ranks_per_host": self.ranks_per_host,
+                          "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                          "start": os.environ.get("AUTOSYNC_JOB_START", "")}
+            self.ctx = RankContext(self.rank, self.world_size, self.ranks_per_host, device=self.device,
+                                   backend=self.backend)
+            self.broken: str | None = None
+            self._released = False
+            self.on_abort: Callable[[str, str], None] | None = None   # rank 0: (status, reason) before a watchdog exit
+            self.starts = 1
+        except BaseException:
+            self.__dict__.pop("control", None)
+            leave()      # joined (part of) the job and cannot go on: take its groups down now
+            raise
 
     # --- RankPool's interface -------------------------------------------------------------------
     @property
@@ -222,7 +249,8 @@ class JobPool:
         return [r[1] for r in results]
 
     def close(self) -> None:
-        """Rank 0: release the other ranks (they return from :meth:`serve`), once."""
+        """Every rank, when done with the job: rank 0 releases the other ranks (they return from :meth:`serve`),
+        once; then this process's process groups are taken down (:func:`leave`)."""
         import torch.distributed as dist
 
         if self.rank == 0 and not self._released:
@@ -231,6 +259,8 @@ class JobPool:
                 dist.broadcast_object_list([("done",)], src=0, group=self.control)
             except Exception:  # noqa: BLE001 - the others are gone already
                 pass
+        self.control = None
+        leave()
 
     # --- the other ranks ---------------------------------------------------------------------------
     def serve(self) -> int:
