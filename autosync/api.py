@@ -183,8 +183,8 @@ def job(timeout: float = 300.0, backend: str | None = None, cluster: str | Clust
     GPUs, gloo on CPUs; ``backend`` overrides) with ``timeout`` as its collectives' limit. Rank 0 passes
     the pool to :func:`run_tune`, :func:`profile` or :func:`collect`; every other rank calls
     ``pool.serve()`` and exits with what it returns. Every rank calls ``pool.close()`` when done (or
-    uses the pool as a context manager): it takes the job's process groups down. ``cluster``, when given, must have the job's shape
-    (hosts x ranks per host). See :mod:`autosync.executor.job`.
+    uses the pool as a context manager): it takes the job's process groups down. ``cluster``, when
+    given, must have the job's shape (hosts x ranks per host). See :mod:`autosync.executor.job`.
     """
     from autosync.executor.job import JobPool
 
