@@ -17,9 +17,13 @@ the mean over it.
 
 **The target.** L* = the reference's evaluation loss at 3/4 of the horizon (the mean of its
 seeds' curves, each smoothed by a 3-point moving average). ``n(L*)`` is the first crossing of
-a curve, interpolated linearly between evaluations. A candidate that never reaches L* within
-the horizon has efficiency 0 (measured), with the loss it reached stored. The resolution is
-therefore 0 or >= 0.75: a candidate 0.6 as efficient reads 0.
+a curve, interpolated linearly between evaluations. A candidate that has not reached L* by the
+horizon trains on, step for step as before, until its curve has crossed L* (confirmed by the
+next evaluation) or ``EXTEND`` horizons have passed; only a candidate that never reaches L*
+within them has efficiency 0 (measured), with the loss it reached stored. The resolution is
+therefore 0 or >= 3 / (4 EXTEND) = 0.375. (Protocol 2 stopped every candidate at the horizon,
+so a candidate 0.6 as efficient read 0; such censored rows are measured again.) Signals and
+the final-loss ratio are taken over the horizon only, whatever the extension.
 
 **Noise.** The reference is trained from ``reference_seeds`` (>= 2) seeds; its seed-to-seed
 relative spread of ``n(L*)`` is the band ``h``. The candidate is paired with seed 0; a raw
@@ -76,8 +80,10 @@ DEFAULT_HORIZON = 240
 DEFAULT_EVAL_EVERY = 20
 DEFAULT_LR = 1e-3                # Adam's, for workloads that name none (autosync.workloads.BuiltinInfo.lr)
 FLAT_DROP = 0.02                 # a reference whose loss falls less than this share by L* cannot rank anything
-PROTOCOL = 2                     # bump when the measurement changes: stored results of another protocol are not reused
-#                                  (2: asynchronous modes train on the cluster in timed windows; see reusable())
+EXTEND = 2                       # a candidate short of L* at the horizon trains on, up to this many horizons
+PROTOCOL = 3                     # bump when the measurement changes: stored results of another protocol are not reused
+#                                  (2: asynchronous modes train on the cluster in timed windows; 3: a candidate short of
+#                                  L* at the horizon trains on, up to EXTEND horizons; see reusable())
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,8 @@ class CurveSpec:
     stop_at: float | None = None      # timed mode: stop once the smoothed evaluation loss has reached this
     timed: bool = False               # timed mode without a stop (implied by stop_at): asp in wall-clock windows
     max_train_s: float | None = None  # timed mode: give up after this much training time
+    goal: float | None = None         # not reached by the horizon: train on until the smoothed evaluation loss has
+    extend_to: int | None = None      # crossed ``goal`` (confirmed by the next evaluation), at most ``extend_to`` steps
 
 
 @dataclass
@@ -144,7 +152,9 @@ def _flat_grads(params) -> "Any":
 
 
 def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
-    """Rank-side body: train ``spec.horizon`` steps by the strategy, evaluating the consensus model.
+    """Rank-side body: train ``spec.horizon`` steps by the strategy, evaluating the consensus model; with
+    ``spec.goal`` and ``spec.extend_to`` set, a curve that has not reached ``goal`` by the horizon trains on until it
+    has (confirmed by the next evaluation), at most ``extend_to`` steps (signals are taken over the horizon only).
 
     Timed mode (``spec.timed`` or ``spec.stop_at`` set): no signals and no per-step loss reduction (nothing but
     the strategy's own communication runs between evaluations, so an asynchronous mode's ranks keep their own
@@ -196,10 +206,23 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
     timed = spec.timed or spec.stop_at is not None
     steps, evals, train, train_s = [0], [], [], [0.0]
 
-    def reached() -> bool:
-        """Whether the smoothed curve crossed ``stop_at``, confirmed by the evaluation after the crossing."""
-        n = steps_to(steps, evals, spec.stop_at) if spec.stop_at is not None else None
+    def crossed(goal: float | None) -> bool:
+        """Whether the smoothed curve crossed ``goal``, confirmed by the evaluation after the crossing."""
+        n = steps_to(steps, evals, goal) if goal is not None else None
         return n is not None and n <= steps[-2]
+
+    def reached() -> bool:
+        return crossed(spec.stop_at)
+
+    limit = max(spec.horizon, spec.extend_to or 0) if spec.goal is not None else spec.horizon
+
+    def extending() -> bool:
+        """Past the horizon: whether to train on. Not when the curve up to the horizon reached ``goal`` (even
+        unconfirmed: the comparison reads that curve first), else until the crossing is confirmed or ``limit``."""
+        within = sum(1 for s in steps if s <= spec.horizon)
+        if spec.goal is None or steps_to(steps[:within], evals[:within], spec.goal) is not None:
+            return False
+        return steps[-1] < limit and not crossed(spec.goal)
 
     try:
         dist.barrier()
@@ -210,7 +233,7 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
         # is eval_every steps and sets the length of the rest. Steps = the ranks' total / W (bsp-equivalent).
         async_timed = timed and strategy.sync.kind.asynchronous
         window = None
-        while async_timed and steps[-1] < spec.horizon:
+        while async_timed and (steps[-1] < spec.horizon or extending()):
             n, start = 0, now(device)
             while n < spec.eval_every if window is None else now(device) - start < window:
                 batch = to_device(make_batch(spec.batch_size, gen), device)
@@ -229,9 +252,11 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
             evals.append(evaluate())
             if reached() or (spec.max_train_s and train_s[-1] > spec.max_train_s):
                 break
-        for step in range(1, 0 if async_timed else spec.horizon + 1):
+        for step in range(1, 0 if async_timed else limit + 1):
+            if step > spec.horizon and not extending():
+                break
             batch = to_device(make_batch(spec.batch_size, gen), device)
-            signal_step = spec.signals and not timed and step % spec.eval_every == 0
+            signal_step = spec.signals and not timed and step % spec.eval_every == 0 and step <= spec.horizon
             if signal_step:
                 with ddp.no_sync():
                     workloads.loss_of(ddp(**batch)).backward()
@@ -271,7 +296,7 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
                 dev = torch.tensor([float((flat - avg).pow(2).sum())], dtype=torch.float64, device=device)
                 dist.all_reduce(dev)
                 sig["local_drift"].append(math.sqrt(dev.item() / world) / max(float(avg.norm()), 1e-30))
-            if step % spec.eval_every == 0 or step == spec.horizon:
+            if step % spec.eval_every == 0 or step in (spec.horizon, limit):
                 train_s.append(train_s[-1] + now(device) - clock)
                 steps.append(step)
                 evals.append(evaluate())
@@ -346,7 +371,9 @@ def target(references: list[Curve], horizon: int) -> float:
 
 
 def compare(references: list[Curve], candidate: Curve, horizon: int) -> Efficiency:
-    """Efficiency of ``candidate`` (paired with ``references[0]``) against the reference seeds."""
+    """Efficiency of ``candidate`` (paired with ``references[0]``) against the reference seeds. The candidate's
+    curve up to ``horizon`` is read first (as every protocol has); only when it did not reach L* there, the part
+    trained on past the horizon (``EXTEND``) counts. The final-loss ratio is the loss at the horizon's."""
     if len(references) < 2:
         raise ValueError("the noise band needs at least 2 reference seeds")
     goal = target(references, horizon)
@@ -355,20 +382,33 @@ def compare(references: list[Curve], candidate: Curve, horizon: int) -> Efficien
     band = max(abs(1 - n / n0) for n in ref_steps[1:])
     finals = [c.eval_loss[-1] for c in references]
     final_band = max(abs(1 - f / finals[0]) for f in finals[1:])
-    n_cand = steps_to(candidate.steps, candidate.eval_loss, goal)
+    within_h = sum(1 for s in candidate.steps if s <= horizon)
+    n_cand = steps_to(candidate.steps[:within_h], candidate.eval_loss[:within_h], goal)
+    if n_cand is None:
+        n_cand = steps_to(candidate.steps, candidate.eval_loss, goal)
     raw = n0 / max(n_cand, 1e-9) if n_cand is not None else 0.0
     within = n_cand is not None and abs(raw - 1) <= band
     return Efficiency(1.0 if within else raw, raw, band, within, goal, min(smooth(candidate.eval_loss)), n0, n_cand,
-                      candidate.eval_loss[-1] / finals[0], final_band)
+                      candidate.eval_loss[within_h - 1] / finals[0], final_band)
+
+
+def place(ekey: str) -> str | None:
+    """Where the row of efficiency key ``ekey`` was measured, as :func:`key` wrote it: a cluster's spec or
+    ``loopback`` for an asynchronous mode, None for any other (measured anywhere alike)."""
+    head, sep, where = ekey.rpartition("|on:")
+    return where if sep else None
 
 
 def reusable(row: dict) -> bool:
-    """Whether a stored row was measured by this protocol. Protocol 2 changed only asynchronous modes on a
-    cluster (timed windows instead of lockstep steps): a protocol-1 row of anything else measured the same."""
+    """Whether a stored row was measured by this protocol. Protocol 3 changed only candidates that had not
+    reached L* by the horizon (they train on now): an older row that did reach it measured the same. Protocol 2
+    changed only asynchronous modes on a cluster (timed windows instead of lockstep steps): a protocol-1 row of
+    anything else measured the same."""
     if row.get("protocol") == PROTOCOL:
         return True
-    where = row["efficiency_key"].rpartition("|on:")
-    return row.get("protocol") == 1 and (not where[1] or where[2] == LOOPBACK)
+    if row.get("status") == "ok" and row.get("efficiency_raw") == 0:
+        return False                                    # censored at the horizon: protocol 3 measures it further
+    return row.get("protocol") == 2 or (row.get("protocol") == 1 and place(row["efficiency_key"]) in (None, LOOPBACK))
 
 
 def horizon_of(workload) -> int:
@@ -467,10 +507,12 @@ class EfficiencyMeter:
     def key(self, strategy: Strategy) -> str:
         return key(self.name, self.batch, self.world, self.rph, strategy, self.where(strategy))
 
-    def _spec(self, strategy: Strategy, seed: int) -> CurveSpec:
+    def _spec(self, strategy: Strategy, seed: int, goal: float | None = None) -> CurveSpec:
+        """The run of ``strategy``; a candidate (``goal`` = L*) short of L* at the horizon trains on (``EXTEND``)."""
         on_cluster = self.where(strategy) not in (None, LOOPBACK)     # asp on the cluster: its own pace per rank
         return CurveSpec(self.workload, strategy.canonical(), self.batch, self.horizon, self.eval_every, seed,
-                         self.lr, self.optimizer, timed=on_cluster)
+                         self.lr, self.optimizer, timed=on_cluster, goal=goal,
+                         extend_to=EXTEND * self.horizon if goal is not None else None)
 
     def pool(self):
         if self._pool is None:
@@ -506,17 +548,19 @@ class EfficiencyMeter:
                                                 for s in range(REFERENCE_SEEDS)) if r is not None]
         return float(np.mean(vals)) if vals else float("nan")
 
-    def _run(self, strategy: Strategy, seed: int, ekey: str, what: str) -> tuple[Curve | None, str, str]:
+    def _run(self, strategy: Strategy, seed: int, ekey: str, what: str,
+             goal: float | None = None) -> tuple[Curve | None, str, str]:
         from autosync.executor.launch import TrialFailure
 
         where = self.where(strategy)
         on_cluster = where not in (None, LOOPBACK)
         if self.progress:
-            self.progress(f"training {what} for {self.horizon} steps (efficiency, "
+            longer = f", on to {EXTEND * self.horizon} if short of L*" if goal is not None else ""
+            self.progress(f"training {what} for {self.horizon} steps{longer} (efficiency, "
                           f"{'on the cluster ' + where if on_cluster else 'loopback'})")
         try:
             pool = self._cluster_pool if on_cluster else self.pool()
-            return measure_curve(pool, self._spec(strategy, seed), self.timeout_s), "ok", ""
+            return measure_curve(pool, self._spec(strategy, seed, goal), self.timeout_s), "ok", ""
         except TrialFailure as f:
             return None, f.status, f.reason
 
@@ -563,7 +607,7 @@ class EfficiencyMeter:
                                  f"{self.horizon} steps: too flat to measure an efficiency")
             self.store.replace_efficiency([row])
             return row
-        curve, status, reason = self._run(strategy, 0, ekey, f"lossy strategy {strategy.hash}")
+        curve, status, reason = self._run(strategy, 0, ekey, f"lossy strategy {strategy.hash}", goal)
         eff = compare(refs, curve, self.horizon) if curve is not None else None
         row = efficiency_row(ekey, self.name, self.batch, self.world, self.rph, strategy, self._spec(strategy, 0),
                              curve, eff, status, reason)
@@ -584,7 +628,7 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
         trials = trials[trials.workload.isin(workloads)]
     if worlds:
         trials = trials[trials.world_size.isin(worlds)]
-    measured = set(store.efficiency_rows())
+    measured = {k for k, row in store.efficiency_rows().items() if reusable(row)}    # a censored row is measured again
     counts = {"ok": 0, "failed": 0, "timeout": 0, "flat": 0, "stored": 0}
     groups: dict[tuple, dict[str, str]] = {}
     for r in trials.itertuples():

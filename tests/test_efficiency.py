@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 from autosync.datasets.store import DatasetStore
-from autosync.efficiency import (Curve, CurveSpec, EfficiencyMeter, compare, key, lr_of, measure_curve, reusable,
-                                 steps_to, target)
+from autosync.efficiency import (PROTOCOL, Curve, CurveSpec, EfficiencyMeter, compare, key, lr_of, measure_curve,
+                                 reusable, steps_to, target)
 from autosync.executor.launch import RankPool
 from autosync.strategy import Strategy
 
@@ -29,6 +29,17 @@ def test_compare_counts_noise_as_one_and_never_reaching_as_zero():
     assert stuck.efficiency == 0.0 and stuck.reached_loss > 3
     with pytest.raises(ValueError):
         compare(refs[:1], refs[0], 40)
+
+
+def test_a_candidate_trained_past_the_horizon_is_read_there_only_when_short_of_the_target_by_it():
+    refs = [Curve([0, 10, 20, 30, 40], [4, 3, 2, 1.5, 1.2], []), Curve([0, 10, 20, 30, 40], [4, 3, 2.05, 1.5, 1.2], [])]
+    goal, n0 = target(refs, 40), steps_to(refs[0].steps, refs[0].eval_loss, target(refs, 40))
+    late = Curve([0, 10, 20, 30, 40, 50, 60, 70], [4, 3.5, 3, 2.6, 2.3, 1.8, 1.2, 1.0], [])
+    eff = compare(refs, late, 40)
+    assert eff.steps_cand > 40 and 0 < eff.efficiency < 0.75 and eff.efficiency == pytest.approx(n0 / eff.steps_cand)
+    assert eff.final_loss_ratio == pytest.approx(2.3 / 1.2), "the final-loss ratio is read at the horizon"
+    early = Curve([0, 10, 20, 30, 40, 50], [4, 3, 2, 1.5, 1.2, 0.1], [])
+    assert compare(refs, early, 40).steps_cand == steps_to(early.steps[:5], early.eval_loss[:5], goal) < 40
 
 
 def test_lossy_keys_ignore_plans_and_network_but_not_compression():
@@ -59,6 +70,13 @@ def test_scaled_down_updates_measure_efficiency_clearly_below_one_and_the_defaul
                               300)
         capped = measure_curve(pool, CurveSpec(SMALL, default, 64, 2 * HORIZON, EVERY, signals=False, stop_at=0.0,
                                                max_train_s=1e-6), 300)
+        # protocol 3: a candidate short of L* at the horizon trains on until it crosses it, at most extend_to steps
+        slow_on = measure_curve(pool, CurveSpec(SMALL, default, 64, HORIZON, EVERY, lr=spec.lr / 4, signals=False,
+                                                goal=goal, extend_to=6 * HORIZON), 300)
+        never = measure_curve(pool, CurveSpec(SMALL, default, 64, HORIZON, EVERY, signals=False, goal=-1.0,
+                                              extend_to=2 * HORIZON), 300)
+        on_time = measure_curve(pool, CurveSpec(SMALL, default, 64, HORIZON, EVERY, signals=False, goal=goal,
+                                                extend_to=2 * HORIZON), 300)
     # timed mode: stops once L* is crossed and confirmed by the next evaluation, clock read at every evaluation
     assert timed.eval_loss[-1] < refs[0].eval_loss[0] and timed.steps[-1] <= HORIZON, timed.steps
     assert 0 < timed.time_to(goal) <= timed.train_s[-1] and timed.train_s == sorted(timed.train_s)
@@ -69,6 +87,14 @@ def test_scaled_down_updates_measure_efficiency_clearly_below_one_and_the_defaul
     eff = compare(refs, slow, HORIZON)
     assert eff.efficiency < 0.8, eff
     assert eff.final_loss_ratio > 1.02
+    assert eff.efficiency == 0, "a 4x smaller learning rate must be short of L* at the horizon"
+    assert slow_on.eval_loss[:len(slow.eval_loss)] == pytest.approx(slow.eval_loss), "training on must not change the start"
+    assert HORIZON < slow_on.steps[-1] < 6 * HORIZON, slow_on.steps
+    late = compare(refs, slow_on, HORIZON)
+    assert 0 < late.efficiency < 0.75 and late.steps_cand > HORIZON, late
+    assert late.final_loss_ratio == pytest.approx(eff.final_loss_ratio), "read at the horizon"
+    assert never.steps[-1] == 2 * HORIZON, "a goal never reached trains on to extend_to, no further"
+    assert on_time.steps[-1] == HORIZON, "a run that reached L* by the horizon must not train on"
 
 
 def test_meter_stores_measures_once_and_reads_it_back(tmp_path):
@@ -102,10 +128,10 @@ def test_meter_stores_measures_once_and_reads_it_back(tmp_path):
         stale = {**rows.iloc[-1].to_dict(), "efficiency_key": meter.key(asp), "protocol": 1, "efficiency": 0.123}
         store.append_efficiency([stale])      # protocol 1 trained asp in lockstep on the cluster: not reused
         row = meter.measure(asp)
-        assert row["status"] == "ok" and row["efficiency_key"].endswith(f"|on:{spec}") and row["protocol"] == 2
+        assert row["status"] == "ok" and row["efficiency_key"].endswith(f"|on:{spec}") and row["protocol"] == PROTOCOL
         assert meter._pool is None, "asp must train on the cluster's ranks, not on the meter's loopback ranks"
         kept = meter.stored(asp)    # the new measurement replaces the stale row: it must not be dropped beside it
-        assert (kept["protocol"], kept["timestamp"]) == (2, row["timestamp"]), kept
+        assert (kept["protocol"], kept["timestamp"]) == (PROTOCOL, row["timestamp"]), kept
         assert meter.measure(psgd)["efficiency_key"] == rows.efficiency_key[~(rows.lossy_key == "lossless")].iloc[0]
 
 
@@ -120,6 +146,11 @@ def test_rows_of_an_older_protocol_are_reused_only_where_the_measurement_did_not
     assert reusable({"efficiency_key": on_loopback, "protocol": 1})
     assert reusable({"efficiency_key": sync, "protocol": 1})
     assert not reusable({"efficiency_key": sync, "protocol": 0})
+    # protocol 2 stopped a candidate at the horizon: one that had not reached L* there is measured again
+    assert reusable({"efficiency_key": sync, "protocol": 2, "status": "ok", "efficiency_raw": 0.8})
+    assert not reusable({"efficiency_key": sync, "protocol": 2, "status": "ok", "efficiency_raw": 0.0})
+    assert not reusable({"efficiency_key": sync, "protocol": 1, "status": "ok", "efficiency_raw": 0.0})
+    assert reusable({"efficiency_key": sync, "protocol": 3, "status": "ok", "efficiency_raw": 0.0})
 
 
 def test_the_efficiency_model_can_be_fitted_without_one_workload():

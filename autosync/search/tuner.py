@@ -49,6 +49,7 @@ import numpy as np
 import optuna
 
 from autosync.datasets.store import DatasetStore
+from autosync.efficiency import EXTEND
 from autosync.errors import UserError
 from autosync.executor.launch import pid_alive
 from autosync.executor.launch import RankPool
@@ -764,7 +765,7 @@ def _recommend(tuner: Tuner, measured: list[Measured], base: dict[str, Strategy]
         if objective == "time-to-loss" and fastest.lossy:
             if fastest.efficiency_source == "measured" and fastest.efficiency == 0:
                 why = (f"the fastest per step, {_describe(fastest, objective)}, never reached the target loss within "
-                       f"the efficiency horizon")
+                       f"{EXTEND}x the efficiency horizon")
             elif fastest.efficiency_source == "measured":
                 why = (f"the fastest per step, {_describe(fastest, objective)}, reaches the target loss "
                        f"{fastest.value(objective) / max(best.value(objective), 1e-9):.2f}x as soon as the pick "
