@@ -211,18 +211,13 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
         n = steps_to(steps, evals, goal) if goal is not None else None
         return n is not None and n <= steps[-2]
 
-    def reached() -> bool:
-        return crossed(spec.stop_at)
-
     limit = max(spec.horizon, spec.extend_to or 0) if spec.goal is not None else spec.horizon
 
     def extending() -> bool:
         """Past the horizon: whether to train on. Not when the curve up to the horizon reached ``goal`` (even
         unconfirmed: the comparison reads that curve first), else until the crossing is confirmed or ``limit``."""
-        within = sum(1 for s in steps if s <= spec.horizon)
-        if spec.goal is None or steps_to(steps[:within], evals[:within], spec.goal) is not None:
-            return False
-        return steps[-1] < limit and not crossed(spec.goal)
+        return (spec.goal is not None and steps[-1] < limit and not crossed(spec.goal)
+                and steps_by(steps, evals, spec.goal, spec.horizon) is None)
 
     try:
         dist.barrier()
@@ -250,7 +245,7 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
             train_s.append(train_s[-1] + longest)
             steps.append(steps[-1] + taken / world)
             evals.append(evaluate())
-            if reached() or (spec.max_train_s and train_s[-1] > spec.max_train_s):
+            if crossed(spec.stop_at) or (spec.max_train_s and train_s[-1] > spec.max_train_s):
                 break
         for step in range(1, 0 if async_timed else limit + 1):
             if step > spec.horizon and not extending():
@@ -303,7 +298,7 @@ def train_curve(ctx, spec: CurveSpec) -> dict[str, Any]:
                 clock = now(device)
                 if timed:
                     # every rank holds the same reduced losses: the decision is the same everywhere
-                    if reached() or (spec.max_train_s and train_s[-1] > spec.max_train_s):
+                    if crossed(spec.stop_at) or (spec.max_train_s and train_s[-1] > spec.max_train_s):
                         break
     finally:
         release(ddp)
@@ -339,6 +334,12 @@ def steps_to(steps: list[int], losses: list[float], target: float) -> float | No
             frac = 1.0 if a == b else (a - target) / (a - b)
             return steps[i - 1] + min(max(frac, 0.0), 1.0) * (steps[i] - steps[i - 1])
     return None
+
+
+def steps_by(steps: list[int], losses: list[float], target: float, horizon: float) -> float | None:
+    """:func:`steps_to` of the curve up to ``horizon`` (what a run stopped there would read)."""
+    n = sum(1 for s in steps if s <= horizon)
+    return steps_to(steps[:n], losses[:n], target)
 
 
 @dataclass
@@ -382,10 +383,10 @@ def compare(references: list[Curve], candidate: Curve, horizon: int) -> Efficien
     band = max(abs(1 - n / n0) for n in ref_steps[1:])
     finals = [c.eval_loss[-1] for c in references]
     final_band = max(abs(1 - f / finals[0]) for f in finals[1:])
-    within_h = sum(1 for s in candidate.steps if s <= horizon)
-    n_cand = steps_to(candidate.steps[:within_h], candidate.eval_loss[:within_h], goal)
+    n_cand = steps_by(candidate.steps, candidate.eval_loss, goal, horizon)
     if n_cand is None:
         n_cand = steps_to(candidate.steps, candidate.eval_loss, goal)
+    within_h = sum(1 for s in candidate.steps if s <= horizon)
     raw = n0 / max(n_cand, 1e-9) if n_cand is not None else 0.0
     within = n_cand is not None and abs(raw - 1) <= band
     return Efficiency(1.0 if within else raw, raw, band, within, goal, min(smooth(candidate.eval_loss)), n0, n_cand,
@@ -395,7 +396,7 @@ def compare(references: list[Curve], candidate: Curve, horizon: int) -> Efficien
 def place(ekey: str) -> str | None:
     """Where the row of efficiency key ``ekey`` was measured, as :func:`key` wrote it: a cluster's spec or
     ``loopback`` for an asynchronous mode, None for any other (measured anywhere alike)."""
-    head, sep, where = ekey.rpartition("|on:")
+    _, sep, where = ekey.rpartition("|on:")
     return where if sep else None
 
 
