@@ -522,16 +522,17 @@ class EfficiencyMeter:
             self._pool = RankPool(self.world, self.rph, network="unshaped")
         return self._pool
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Let the own pool's ranks leave; ``failed`` (unwinding from an exception): kill them at once."""
         if self._own_pool and self._pool is not None:
-            self._pool.close()
+            self._pool.kill() if failed else self._pool.close()
             self._pool = None
 
     def __enter__(self) -> "EfficiencyMeter":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(failed=exc_type is not None)
 
     def _stored(self, ekey: str) -> dict | None:
         if self._also_rows is None:     # the other stores are only read: once is enough

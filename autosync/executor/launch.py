@@ -332,8 +332,10 @@ class RankPool:
     def __enter__(self) -> "RankPool":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        # Unwinding from an exception (Ctrl-C, SIGTERM, an error mid-task) the ranks may be inside a task and never
+        # read the request to leave: close() would wait its 10 s for nothing, so they are killed at once.
+        self.kill() if exc_type is not None else self.close()
 
     # --- tasks -------------------------------------------------------------------------------
     def run(self, fn: Callable, *args: Any, timeout: float = 300.0) -> list[Any]:
