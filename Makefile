@@ -25,10 +25,12 @@ demo: $(STAMP)
 	$(BIN)/autosync run --workload $(DEMO_WORKLOAD) --cluster $(DEMO_CLUSTER) --strategy strategy.yaml
 
 # The tests that time links and steps run alone first; the rest on three pytest-xdist workers: on 2 cores a third
-# worker fills the time the others wait on ranks and subprocesses (563 -> 503 s for that part, 2026-12-03).
+# worker fills the time the others wait on ranks and subprocesses (563 -> 503 s for that part, 2026-12-03). The tests
+# marked slow come first (tests/conftest.py) and go out one at a time (--maxschedchunk 1), so they spread over the
+# workers instead of landing in the first worker's chunk.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m serial --durations=15 tests
-	$(BIN)/python -m pytest -q -m "not serial" -n 3 --durations=30 tests
+	$(BIN)/python -m pytest -q -m "not serial" -n 3 --maxschedchunk 1 --durations=30 tests
 
 bench: $(STAMP)
 	$(BIN)/python bench/hook_overhead.py

@@ -130,6 +130,7 @@ def test_merge_adds_what_is_new_keeps_what_is_stored_and_says_so(tmp_path):
     assert not (tmp_path / "c").exists(), "nothing is written when a source is bad"
 
 
+@pytest.mark.slow
 def test_remeasure_replaces_a_workloads_rows_profiles_and_efficiency_everywhere_and_resumes(tmp_path,
                                                                                              store_with_profile):
     """After a workload's task changed, its stored rows are measured again on their cluster and replace the old

@@ -70,6 +70,7 @@ LOSSY = {
 }
 
 
+@pytest.mark.slow
 def test_lossy_options_lower_the_loss_and_say_they_are_lossy():
     with RankPool(2, ranks_per_host=1) as pool:  # two hosts: local SGD really runs apart
         for name, strategy in LOSSY.items():

@@ -18,6 +18,7 @@ from conftest import FEW_CANDIDATES
 FAULTS = str(Path(__file__).resolve().parent / "fixtures" / "faulty.py")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
 def test_a_torchrun_job_across_emulated_hosts_tunes_in_job_and_stores_a_killed_trial_as_failed_after_restart(
         tmp_path, nothing_left):

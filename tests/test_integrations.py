@@ -65,6 +65,7 @@ FRAMEWORKS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework, script, launcher, workload", FRAMEWORKS, ids=[f[0] for f in FRAMEWORKS])
 def test_a_framework_trains_by_a_strategy_file_and_a_lossless_one_matches_its_own_ddp(
         tmp_path, tuned, framework, script, launcher, workload):

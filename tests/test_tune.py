@@ -53,6 +53,7 @@ def postgres():
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
 def test_two_workers_on_one_postgres_study_measure_disjoint_strategies_and_learn_from_each_other(postgres, tmp_path,
                                                                                                  store_with_profile):
@@ -108,6 +109,7 @@ def test_unreachable_storage_is_one_line_exit_2(tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
 def test_a_tuned_strategy_runs_with_autosync_run_and_the_example_script(tmp_path, store_with_profile):
     store_with_profile(tmp_path / "d", "mlp", "2x1@10gbit")   # profiling is tested elsewhere: save its time
@@ -173,6 +175,7 @@ def test_python_api_tunes_a_model_object_for_a_cluster_we_do_not_have(tmp_path, 
         autosync.tune(small.Net(), lambda b, g: {}, cluster="2x1@1gbit", measure=0)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
 def test_time_to_loss_measures_the_efficiency_of_lossy_finalists_before_picking(tmp_path):
     from autosync.datasets.store import DatasetStore

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate her
 MODEL = str(Path(__file__).resolve().parents[1] / "fixtures" / "faulty.py") + ":faults_in_turn"  # no fault set
 
 
+@pytest.mark.slow
 def test_three_collects_at_once_store_every_row_exactly_once(tmp_path, nothing_left):
     store, expected = DatasetStore(tmp_path / "d"), set()
     for spec in ("2x1@10gbit", "2x1@5gbit"):

@@ -30,6 +30,7 @@ def _wait(predicate, limit=120.0):
     raise AssertionError("condition not reached")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["tune"])   # collect measures through the same measure_strategy (36 s saved)
 def test_a_killed_a_hung_and_an_aborted_rank_are_recorded_and_the_run_goes_on(command, tmp_path, nothing_left):
     """Rank 1 is SIGKILLed in the first trial, hangs in the second, aborts in the third (faulty.py)."""

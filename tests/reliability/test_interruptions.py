@@ -33,6 +33,7 @@ def _interrupt_when(cmd, cwd, ready, sig, limit=300.0):
     return proc.returncode
 
 
+@pytest.mark.slow
 def test_collect_interrupted_by_sigint_resumes_without_loss_or_duplicates(tmp_path, nothing_left, store_with_profile):
     """SIGINT here, SIGTERM in the tune test below (one interruption each: they share the unwinding path, and the
     suite's time is short; both used to take both signals in turn)."""
@@ -57,6 +58,7 @@ def test_collect_interrupted_by_sigint_resumes_without_loss_or_duplicates(tmp_pa
     nothing_left()
 
 
+@pytest.mark.slow
 def test_tune_interrupted_by_sigterm_resumes_with_the_study_intact(tmp_path, nothing_left, store_with_profile):
     storage = f"sqlite:///{tmp_path}/t.db"
     cmd = [sys.executable, "-m", "autosync.cli", "tune", "--workload", "mlp", "--cluster", "2x1@10gbit",
