@@ -124,8 +124,9 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
     from autosync.profiler.profile import nominal_profile
     from autosync.search.collect import context_profile
     from autosync.search.trials import TrialSettings
-    from autosync.search.tuner import tune as _tune_loop
+    from autosync.search.tuner import check_storage, tune as _tune_loop
 
+    check_storage(storage)
     if measure and pool is None and not unshaped:
         check_faithful(cluster, beyond_range, "tune")
     settings = settings or TrialSettings()

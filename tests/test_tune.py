@@ -100,13 +100,14 @@ def test_two_workers_on_one_postgres_study_measure_disjoint_strategies_and_learn
     assert "learned from" in outs[1][0] and "speedup" in outs[1][0]
 
 
-def test_unreachable_storage_is_one_line_exit_2(tmp_path):
+def test_unreachable_storage_is_one_line_exit_2_before_any_profiling(tmp_path):
     port = free_port()
-    out = autosync("tune", "--workload", "mlp", "--cluster", "2x1@1gbit", "--measure", "0", "--storage",
+    out = autosync("tune", "--workload", "mlp", "--cluster", "2x1@1gbit", "--measure", "2", "--unshaped", "--storage",
                    f"postgresql://nobody@127.0.0.1:{port}/none", "--out", str(tmp_path / "s.yaml"),
                    "--data", str(tmp_path / "d"))
     assert out.returncode == 2 and "cannot open Optuna storage" in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.glob("d/profiles/*.json")), "the storage is checked before the long work"
 
 
 @pytest.mark.slow

@@ -44,6 +44,7 @@ import secrets
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import optuna
@@ -435,15 +436,15 @@ def _stale(trial: optuna.trial.FrozenTrial) -> bool:
     return host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid))
 
 
-def _open_shared(name: str, storage: str, attempts: int = 5) -> optuna.Study:
-    """The shared study; retried a few times, because workers starting together on an empty
-    database race to create Optuna's tables (PostgreSQL then reports a unique violation)."""
+def _with_storage(storage: str, open_: Callable, attempts: int = 5):
+    """``open_()`` retried a few times, because workers starting together on an empty database race to create
+    Optuna's tables (PostgreSQL then reports a unique violation); any other failure is one line (UserError)."""
     import random
     import time
 
     for attempt in range(attempts):
         try:
-            return optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+            return open_()
         except ImportError as e:
             raise UserError(f"cannot open Optuna storage {storage!r}: {e}") from None
         except Exception as e:  # noqa: BLE001 - SQLAlchemy/driver errors of many kinds
@@ -453,6 +454,17 @@ def _open_shared(name: str, storage: str, attempts: int = 5) -> optuna.Study:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(f"cannot open Optuna storage {storage!r}: {first}") from None
     raise AssertionError("unreachable")
+
+
+def check_storage(storage: str) -> None:
+    """Open ``storage`` once before any long work (profiling, trials): a bad or unreachable URL is one line."""
+    _with_storage(storage, lambda: optuna.storages.get_storage(storage))
+
+
+def _open_shared(name: str, storage: str) -> optuna.Study:
+    """The shared study (see :func:`_with_storage` for the retries)."""
+    return _with_storage(storage, lambda: optuna.create_study(study_name=name, storage=storage, direction="maximize",
+                                                              load_if_exists=True))
 
 
 def _describe_study(study: optuna.Study, profile: Profile, objective: str, lossless: bool) -> None:
