@@ -608,21 +608,23 @@ def _cmd_tune(args) -> int:
     import math
     from pathlib import Path
 
-    from rich.console import Console
-    from rich.table import Table
-
-    from autosync.api import resolve_workload, run_tune
     from autosync.outputs import check_output
-    from autosync.search.trials import TrialSettings
-    from autosync.search.tuner import measured_rows, plot_predicted_vs_measured, strategy_file_text, uncertainty_lines
 
-    check_output(args.out, "strategy file")
+    check_output(args.out, "strategy file")     # before the imports of torch and the rest (seconds)
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
     check_output(plot_path, "plot")
     report_path = args.report or str(Path(args.out).with_suffix(".html"))
     check_output(report_path, "report")
     if args.lossless and args.objective not in (None, "lossless"):
         raise UserError(f"--lossless contradicts --objective {args.objective}")
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from autosync.api import resolve_workload, run_tune
+    from autosync.search.trials import TrialSettings
+    from autosync.search.tuner import measured_rows, plot_predicted_vs_measured, strategy_file_text, uncertainty_lines
+
     objective = "lossless" if args.lossless else (args.objective or "time-to-loss")
     workload = resolve_workload(args.workload or args.model, batch_size=args.batch_size)
     err = Console(stderr=True)
