@@ -11,7 +11,7 @@ import signal
 import sys
 from typing import Sequence
 
-from autosync.errors import UserError
+from autosync.errors import UserError, sigterm_as_interrupt
 
 log = logging.getLogger("autosync")
 
@@ -770,10 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def _terminate(signum, frame):  # SIGTERM cleans up like Ctrl-C: context managers run
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, sigterm_as_interrupt)  # SIGTERM cleans up like Ctrl-C: context managers run
     try:
         args = build_parser().parse_args(argv)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

@@ -207,16 +207,12 @@ def _resumed_only(counts: dict) -> bool:
     return counts.get("skipped", 0) > 0 and not any(v for k, v in counts.items() if k != "skipped")
 
 
-def _terminate(signum, frame):   # SIGTERM cleans up like Ctrl-C: the emulated cluster's context managers run
-    raise KeyboardInterrupt
-
-
 if __name__ == "__main__":
     import signal
 
-    from autosync.errors import UserError
+    from autosync.errors import UserError, sigterm_as_interrupt
 
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, sigterm_as_interrupt)   # cleans up like Ctrl-C: the cluster's context managers run
     try:
         sys.exit(main())
     except UserError as e:

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from autosync.cluster import Cluster, Link
-from autosync.errors import UserError
+from autosync.errors import UserError, sigterm_as_interrupt
 from autosync.executor.launch import RankPlacement, RankPool, pid_alive
 
 log = logging.getLogger(__name__)
@@ -423,16 +423,16 @@ class EmulatedCluster:
         self._restore_sigterm()
 
     def _trap_sigterm(self) -> None:
-        """SIGTERM unwinds like Ctrl-C, so that ``with`` blocks tear the network down."""
+        """SIGTERM unwinds like Ctrl-C (`sigterm_as_interrupt`), so that ``with`` blocks tear the network down."""
         if threading.current_thread() is not threading.main_thread():
             return
         if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            def _raise(signum, frame):
-                raise KeyboardInterrupt("SIGTERM")
-            self._old_sigterm = signal.signal(signal.SIGTERM, _raise)
+            self._old_sigterm = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
 
     def _restore_sigterm(self) -> None:
-        if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
+        """Put back the SIGTERM handler found at `up()`, unless a SIGTERM came (then it stays ignored)."""
+        if (self._old_sigterm is not None and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is sigterm_as_interrupt):
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
 
