@@ -12,7 +12,7 @@ import pytest
 
 from autosync.cluster import parse_cluster
 from autosync.datasets.store import DatasetStore
-from autosync.executor.emulate import EmulatedCluster, can_emulate, list_namespaces
+from autosync.executor.emulate import HOST_IF, EmulatedCluster, can_emulate, list_namespaces
 from autosync.profiler.profile import nominal_profile
 from conftest import FEW_CANDIDATES, processes_under
 
@@ -87,8 +87,14 @@ def test_a_host_link_taken_down_mid_trial_ends_it_within_its_time_limit(tmp_path
 
 
 def _udp_delivered(emu, count=20000):
-    """Datagrams sent host 0 -> host 1, paced below the link rate, after a warm-up that resolves the
-    neighbour (ARP) despite the loss; returns the fraction received."""
+    """Datagrams sent host 0 -> host 1, paced below the link rate, after a warm-up; returns the fraction received.
+
+    Host 1's address is put in host 0's neighbour table first: resolving it by ARP through the lossy link failed
+    now and then (a request or reply dropped, the retry a second later, after the burst), and 0 arrived."""
+    mac = json.loads(subprocess.run(["ip", "-n", emu.hosts[1], "-j", "link", "show", HOST_IF], check=True,
+                                    capture_output=True, text=True).stdout)[0]["address"]
+    subprocess.run(["ip", "-n", emu.hosts[0], "neigh", "replace", emu.host_ip(1), "lladdr", mac, "dev", HOST_IF,
+                    "nud", "permanent"], check=True)
     receiver = subprocess.Popen(
         ["ip", "netns", "exec", emu.hosts[1], sys.executable, "-c",
          "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
@@ -99,7 +105,7 @@ def _udp_delivered(emu, count=20000):
     assert receiver.stdout.readline().strip() == "ready"
     subprocess.run(["ip", "netns", "exec", emu.hosts[0], sys.executable, "-c",
                     "import socket, time; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-                    "for i in range(10):\n"  # warm-up: the neighbour (ARP) is resolved despite the loss
+                    "for i in range(10):\n"  # warm-up
                     f"    s.sendto(b'w', ('{emu.host_ip(1)}', 9999)); time.sleep(0.05)\n"
                     f"for i in range({count}):\n"
                     f"    s.sendto(b'x', ('{emu.host_ip(1)}', 9999))\n"
