@@ -1,11 +1,9 @@
 """The emulated cluster: real namespaces, veths, tc and gloo ranks. Needs root (skips without)."""
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -16,7 +14,6 @@ from autosync.executor.emulate import (EmulatedCluster, can_emulate, cgroup_root
 from autosync.executor.linkcheck import check_compute, check_links, check_paths
 from autosync.executor.measure import TrialSpec, measure
 from autosync.strategy import Strategy
-from conftest import rank_pids
 
 pytestmark = [pytest.mark.serial,
               pytest.mark.skipif(not can_emulate()[0], reason=f"cannot emulate here: {can_emulate()[1]}"),
@@ -142,96 +139,6 @@ def test_timed_asp_on_a_half_speed_host_is_not_held_in_lockstep():
     added = [b - a for a, b in zip(curve.steps[1:], curve.steps[2:])]     # the first window is 10 steps of each rank
     assert curve.steps[1] == 10 and curve.steps[-1] >= 60, curve.steps
     assert statistics.median(added) > 12, curve.steps
-
-
-HANG = "tests/fixtures/faulty.py:hang_on_rank1"
-
-
-def _start_run(*extra):
-    return subprocess.Popen([sys.executable, "-m", "autosync.cli", "run", "--workload", HANG, "--cluster",
-                             "2x1@1gbit", "--steps", "5", "--timeout", "120", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # Ctrl-C reaches it even
-    # when the tests run as a background job, whose children a non-interactive shell starts with SIGINT ignored
-
-
-def _wait_for_ranks(proc, n=2, limit=60):
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        ranks = rank_pids(proc.pid)
-        if len(ranks) >= n and ours():
-            time.sleep(3)  # let the trial get going: rank 1 hangs at its third step
-            return ranks
-        time.sleep(0.2)
-    raise AssertionError("ranks did not start")
-
-
-def _stop(proc):
-    """End the CLI the way a user would (SIGTERM lets it take down its namespaces), SIGKILL only if it hangs: a
-    failing assertion must not turn into namespaces left behind for every later test."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _gone(pids):
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-            return False
-        except ProcessLookupError:
-            pass
-    return True
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupting_a_running_trial_leaves_nothing(sig):
-    """Ctrl-C reaches the CLI alone; SIGTERM comes as `pkill -f`, a `timeout` wrapper or a batch system's cancel
-    sends it: to the CLI and its ranks, and again to the CLI while it is tearing down (a second SIGTERM once
-    interrupted the namespaces' deletion and left them behind)."""
-    before = ours()
-    proc = _start_run()
-    try:
-        ranks = _wait_for_ranks(proc)
-        proc.send_signal(sig)
-        if sig == signal.SIGTERM:
-            for pid in ranks:
-                os.kill(pid, sig)
-            for _ in range(3):
-                time.sleep(0.2)
-                proc.poll() is None and proc.send_signal(sig)
-        proc.wait(timeout=30)
-    finally:
-        _stop(proc)
-    assert proc.returncode == 130, proc.stderr.read()
-    time.sleep(0.5)
-    assert _gone(ranks)
-    assert ours() - before == set()
-
-
-@pytest.mark.parametrize("sync", ["bsp", "asp"])
-def test_a_killed_rank_fails_the_trial_and_leaves_nothing(sync, tmp_path):
-    """Also under asp, whose server thread on rank 0 would wait for the dead worker forever."""
-    before = ours()
-    strategy = tmp_path / "s.yaml"
-    strategy.write_text(f"sync: {{mode: {sync}}}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "autosync.cli", "run", "--workload", "mlp", "--cluster",
-                             "2x1@100mbit", "--steps", "30", "--timeout", "120", "--json", "--strategy", str(strategy)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        ranks = _wait_for_ranks(proc)
-        os.kill(ranks[-1], signal.SIGKILL)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        _stop(proc)
-    assert proc.returncode == 1, err
-    assert '"status": "failed"' in out and "SIGKILL" in out
-    assert _gone(ranks)
-    assert ours() - before == set()
 
 
 def test_the_faithful_range_is_probed_once_cached_and_a_run_beyond_it_says_so(tmp_path, monkeypatch):
