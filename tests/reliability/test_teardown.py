@@ -11,7 +11,7 @@ import time
 import pytest
 
 from autosync.executor.emulate import PREFIX, can_emulate, list_cgroups, list_namespaces
-from conftest import rank_pids
+from conftest import pids_alive, rank_pids
 
 pytestmark = [pytest.mark.skipif(not can_emulate()[0], reason=f"cannot emulate here: {can_emulate()[1]}"),
               pytest.mark.usefixtures("no_leftover_ranks")]
@@ -56,16 +56,6 @@ def _stop(proc):
             proc.wait()
 
 
-def _gone(pids):
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-            return False
-        except ProcessLookupError:
-            pass
-    return True
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupting_a_running_trial_leaves_nothing(sig):
     """Ctrl-C reaches the CLI alone; SIGTERM comes as `pkill -f`, a `timeout` wrapper or a batch system's cancel
@@ -86,7 +76,7 @@ def test_interrupting_a_running_trial_leaves_nothing(sig):
         _stop(proc)
     assert proc.returncode == 130, proc.stderr.read()
     time.sleep(0.5)
-    assert _gone(ranks)
+    assert not pids_alive(ranks)
     assert made_by(proc) == set()
 
 
@@ -106,5 +96,5 @@ def test_a_killed_rank_fails_the_trial_and_leaves_nothing(sync, tmp_path):
         _stop(proc)
     assert proc.returncode == 1, err
     assert '"status": "failed"' in out and "SIGKILL" in out
-    assert _gone(ranks)
+    assert not pids_alive(ranks)
     assert made_by(proc) == set()
