@@ -112,7 +112,9 @@ SMALL = "tests/fixtures/small.py:build"
 
 
 @pytest.mark.parametrize("workload, status, reason, limit", [
-    (f"{FAULTS}:abort_on_rank1", "failed", "rank 1 died (SIGABRT)", 15),
+    (f"{FAULTS}:abort_on_rank1", "failed", "rank 1 died (SIGABRT): Fatal Python error: Aborted in faulty.py", 15),
+    (f"{FAULTS}:terminate_on_rank1", "failed",
+     "rank 1 died (SIGABRT): terminate called without an active exception | Fatal Python error: Aborted in faulty.py", 15),
     (f"{FAULTS}:hang_on_rank1", "timeout", "did not finish within 8 s", 8),   # the hang waits for all of it
     (f"{FAULTS}:mismatched_shapes", "failed", "rank", 15),
 ])

@@ -192,7 +192,7 @@ def test_time_to_loss_measures_the_efficiency_of_lossy_finalists_before_picking(
     eff = DatasetStore(tmp_path / "d").read_efficiency()
     assert (eff.lossy_key == "lossless").sum() == 2, "two reference seeds give the noise band"
     lossy = eff[eff.lossy_key != "lossless"]
-    assert len(lossy) >= 1 and (lossy.status == "ok").all(), lossy[["status", "reason"]]
+    assert len(lossy) >= 1 and (lossy.status == "ok").all(), lossy[["status", "reason"]].to_dict("records")
     study = optuna.load_study(study_name=optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/t.db")[0].study_name,
                               storage=f"sqlite:///{tmp_path}/t.db")   # what Optuna's dashboard shows
     assert study.metric_names == ["samples/s"] and study.user_attrs["objective"] == "time-to-loss"

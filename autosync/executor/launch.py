@@ -24,10 +24,12 @@ from __future__ import annotations
 import atexit
 import ctypes
 import datetime
+import faulthandler
 import logging
 import multiprocessing as mp
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -158,6 +160,9 @@ def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, in
         os.dup2(fd, 2)
         os.close(fd)
         open(os.path.join(stderr_dir, f"rank{rank}.{STARTED}"), "w").close()
+    # A fatal signal (SIGABRT from a C++ exception nobody caught, SIGSEGV) writes every thread's Python stack
+    # to the rank's stderr: the death's reason names where it died (see _last_words).
+    faulthandler.enable(all_threads=True)
     if env is not None:   # the launcher's environment at start(), not the forkserver's
         os.environ.clear()
         os.environ.update(env)
@@ -307,7 +312,7 @@ class RankPool:
         parts = []
         for r, code in dead:
             text = self.stderr_text(r)
-            tail = " | ".join(x.strip() for x in text.strip().splitlines()[-lines:] if x.strip())[-chars:]
+            tail = _last_words(text, lines, chars)
             started = os.path.exists(os.path.join(self._stderr_dir or "", f"rank{r}.{STARTED}"))
             if "bootstrapping phase" in text or not started:
                 where = "" if started or text else " (its traceback is on this process's stderr)"
@@ -381,6 +386,21 @@ class RankPool:
 BOOTSTRAP_HINT = ("most often the script started autosync while being imported: rank processes re-import "
                   "the main module, so call autosync.tune (or anything that starts ranks) under "
                   "`if __name__ == '__main__':`")
+
+
+def _last_words(text: str, lines: int = 6, chars: int = 300) -> str:
+    """A dead rank's stderr in one line: its last ``lines`` lines; after a fatal signal (faulthandler's dump),
+    the lines written just before the dump (the C++ runtime's, e.g. "terminate called after throwing an
+    instance of ..." and its "what():") and the innermost Python frame of the thread that died."""
+    def join(xs: list[str]) -> str:
+        return " | ".join(x.strip() for x in xs if x.strip())
+
+    before, fatal, dump = text.partition("Fatal Python error")
+    if not fatal:
+        return join(text.strip().splitlines()[-lines:])[-chars:]
+    frame = re.search(r"Current thread [^\n]*\n\s*([^\n]+)", dump)
+    where = re.sub(r'File "(?:[^"]*/)?([^"/]+)"', r"\1", frame.group(1).strip()) if frame else "no Python frame"
+    return f"{join(before.strip().splitlines()[-3:])[-chars:]} | {fatal}{dump.splitlines()[0]} in {where}".lstrip(" |")
 
 
 def _describe_exit(code: int | None) -> str:
