@@ -25,9 +25,10 @@ them). A context whose DDP default would spend more than the campaign's limit pe
 (autosync.datasets.campaign.too_slow), and so is one whose references are flat (their loss falls less than
 ``FLAT_DROP`` by L*: ncf today); the table says which and why.
 
-Resumable: finished contexts are kept in ``--work`` (rows.jsonl, committed) and skipped; it takes 10-20 min a
-context, so the 48 default contexts span sessions. The arms' efficiency stores are committed too (.gitignore), so a
-later session's contexts reuse what earlier ones measured, as one user's store would.
+Resumable: finished contexts are kept in ``--work`` (rows.jsonl, committed) and skipped; a context takes 5-50 min
+here at 2 hosts and 40-120 min at 4, so the 48 default contexts span sessions. The arms' efficiency stores are
+committed too (.gitignore), so a later session's contexts reuse what earlier ones measured, as one user's store
+would; a context stopped midway keeps those but not its finished trainings.
 
     python bench/time_to_quality.py [--workloads ...] [--clusters ...] [--measure 8] [--work DIR]
     python bench/time_to_quality.py --table-only      # the table of every finished context, measuring nothing
