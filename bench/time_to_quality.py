@@ -26,7 +26,7 @@ them). A context whose DDP default would spend more than the campaign's limit pe
 ``FLAT_DROP`` by L*: ncf today); the table says which and why.
 
 Resumable: finished contexts are kept in ``--work`` (rows.jsonl, committed) and skipped; a context takes 5-50 min
-here at 2 hosts, 11-50 min at 3 (200 mbit) and 40-130 min at 4, so the 48 default contexts span sessions. The arms' efficiency stores are
+here at 2 hosts, 11-64 min at 3 (200 mbit) and 40-130 min at 4, so the 48 default contexts span sessions. The arms' efficiency stores are
 committed too (.gitignore), so a later session's contexts reuse what earlier ones measured, as one user's store
 would; a context stopped midway keeps those but not its finished trainings.
 
