@@ -399,6 +399,10 @@ def _add_efficiency(sub) -> None:
                    help="lossy keys per (workload, batch, world) group (default 10)")
     p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the order of the keys (default 0)")
     p.add_argument("--timeout", type=_positive_float, default=1800.0, help="time limit of one training run (s)")
+    p.add_argument("--again", action="store_true",
+                   help="instead, measure again every stored row an older protocol measured differently (censored "
+                        "at the horizon: it read 0 and is not reused), with its own strategy; --workloads and "
+                        "--worlds still select, --per-group and --seed do not apply")
     p.set_defaults(func=_cmd_efficiency)
 
 
@@ -408,7 +412,7 @@ def _cmd_efficiency(args) -> int:
     store = _data_store(args.data)
     store.read()  # a damaged dataset is reported before anything runs
     counts = efficiency.collect(store, args.workloads, args.worlds, args.per_group, args.seed, args.timeout,
-                                progress=lambda text: print(text, file=sys.stderr, flush=True))
+                                progress=lambda text: print(text, file=sys.stderr, flush=True), again=args.again)
     print(f"efficiency: {counts['ok']} measured, {counts['failed'] + counts['timeout']} failed, {counts['flat']} with a "
           f"reference too flat to measure, {counts['stored']} already stored "
           f"-> {store.root}")

@@ -77,6 +77,35 @@ def speedup_bars(labels: list[str], series: dict[str, list[float]], ylabel: str,
     plt.close(fig)
 
 
+class Journal:
+    """The finished steps of one long context, so that a stopped context resumes after its last finished step.
+
+    ``step(name, fn)`` returns the value kept under ``name`` or, the first time, ``fn()``, kept at once (the JSON
+    file is replaced atomically after each step). A journal written for other settings (``key``) is discarded:
+    the context starts over. ``close()`` removes the file once the context's row is kept elsewhere."""
+
+    def __init__(self, path: str | Path, key: dict):
+        self.path, self.key = Path(path), json.loads(json.dumps(key))
+        try:
+            raw = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            raw = {}
+        self.steps: dict = raw.get("steps", {}) if raw.get("key") == self.key else {}
+        self.resumed = sorted(self.steps)
+
+    def step(self, name: str, fn):
+        if name not in self.steps:
+            self.steps[name] = json.loads(json.dumps(fn()))     # as a resumed run would read it
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps({"key": self.key, "steps": self.steps}))
+            tmp.replace(self.path)
+        return self.steps[name]
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
 def load_rows(work: Path) -> dict[tuple[str, str], dict]:
     """The contexts a resumable benchmark finished in ``work`` (rows.jsonl): (workload, cluster) -> its last row."""
     path = Path(work) / "rows.jsonl"

@@ -26,9 +26,12 @@ them). A context whose DDP default would spend more than the campaign's limit pe
 ``FLAT_DROP`` by L*: ncf today); the table says which and why.
 
 Resumable: finished contexts are kept in ``--work`` (rows.jsonl, committed) and skipped; a context takes 5-50 min
-here at 2 hosts, 11-64 min at 3 (200 mbit) and 40-130 min at 4, so the 48 default contexts span sessions. The arms' efficiency stores are
-committed too (.gitignore), so a later session's contexts reuse what earlier ones measured, as one user's store
-would; a context stopped midway keeps those but not its finished trainings.
+here at 2 hosts, 11-92 min at 3 (200 mbit) and 40-130 min at 4, so the 48 default contexts span sessions. The
+arms' efficiency stores are committed too (.gitignore), so a later session's contexts reuse what earlier ones
+measured, as one user's store would. A context stopped midway resumes after its last finished step (each arm's
+search and pick, each timed training: ``contexts/<context>.steps.json``, bench/_results.Journal); an unfinished
+step starts over, and the row names the steps it took from the stopped run (``resumed_after``; its ``bench_s``
+counts only the resumed run).
 
     python bench/time_to_quality.py [--workloads ...] [--clusters ...] [--measure 8] [--work DIR]
     python bench/time_to_quality.py --table-only      # the table of every finished context, measuring nothing
@@ -62,7 +65,7 @@ from autosync.search.space import suggest
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.search.tuner import Measured, confirm, settle_efficiency, tune
 from autosync.strategy import Strategy
-from _results import RESULTS, load_rows, run_contexts, speedup_bars, write as write_result
+from _results import RESULTS, Journal, load_rows, run_contexts, speedup_bars, write as write_result
 from time_to_loss import fmt_time, time_to_target
 
 ARMS = ("DDP default", "best baseline", "Optuna alone", "tune m0", "tune m8")
@@ -120,7 +123,7 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say):
                                                                  batch, say)
     base, cost_model, eff_model = lowo_models(full, data, wl, args.seed)
     scratch = work / "contexts" / safe_name(ctx)
-    shutil.rmtree(scratch, ignore_errors=True)     # an interrupted context starts over: no trials from before
+    shutil.rmtree(scratch, ignore_errors=True)     # an unfinished arm's trials start over; finished steps are kept
     scratch.mkdir(parents=True)
     card = uncertainty.load_card()
     refs_store = DatasetStore(work / "references")
@@ -134,6 +137,11 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say):
     if is_flat(start, goal):      # the efficiency meter's rule: no time to L* to speak of
         return dict(row, left_out=f"flat: the DDP default's held-out loss falls only {start:.4g} -> {goal:.4g} by L*")
     row["target_loss"] = goal
+    journal = Journal(work / "contexts" / f"{safe_name(ctx)}.steps.json",
+                      {"goal": goal, "data": str(args.data), "measure": args.measure, "seed": args.seed,
+                       "confirm_rounds": args.confirm_rounds, "finalists": args.finalists, "cap": args.cap})
+    if journal.resumed:
+        say(f"{wl} {spec}: resuming after {', '.join(journal.resumed)} (kept from a stopped run)")
 
     def meter(arm):
         m = EfficiencyMeter(DatasetStore(work / f"efficiency-{arm.replace(' ', '-')}"), wl, batch, world, rph,
@@ -141,41 +149,61 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say):
         m.on_cluster(pool, cluster.spec())
         return m
 
-    picks, search = {"DDP default": (Strategy.default(), "ddp_default")}, {"DDP default": 0.0}
-    t0 = time.monotonic()
-    hand = baselines(profile)
-    thr = {n: measure_strategy(pool, profile, s, settings) for n, s in hand.items()}
-    best = max((n for n in hand if n != "ddp_default" and thr[n].ok), key=lambda n: thr[n].samples_per_s,
-               default="ddp_default")
-    picks["best baseline"], search["best baseline"] = (hand[best], best), time.monotonic() - t0
-    with meter("optuna") as m:
+    def searched(fn):
+        """fn() -> (strategy, source[, why]), timed: what the journal keeps of an arm's search."""
         t0 = time.monotonic()
-        picks["Optuna alone"] = optuna_alone(pool, profile, args.measure, settings, args.seed, m,
-                                             args.confirm_rounds, args.finalists, say)
-        search["Optuna alone"] = time.monotonic() - t0
-    for arm, n in (("tune m0", 0), ("tune m8", args.measure)):
+        strategy, source, *why = fn()
+        return {"strategy": strategy.canonical(), "source": source, "search_s": time.monotonic() - t0,
+                "why": why[0] if why else None}
+
+    def best_baseline():
+        hand = baselines(profile)
+        thr = {n: measure_strategy(pool, profile, s, settings) for n, s in hand.items()}
+        best = max((n for n in hand if n != "ddp_default" and thr[n].ok), key=lambda n: thr[n].samples_per_s,
+                   default="ddp_default")
+        return hand[best], best
+
+    def optuna_arm():
+        with meter("optuna") as m:
+            return optuna_alone(pool, profile, args.measure, settings, args.seed, m, args.confirm_rounds,
+                                args.finalists, say)
+
+    def tune_arm(arm, n):
         with meter("tune") as m:
-            t0 = time.monotonic()
             prof = profile if n else nominal_profile(cluster, wl, batch)
             result = tune(prof, cost_model, n, DatasetStore(scratch / f"trials-{arm.replace(' ', '-')}"),
                           f"sqlite:///{scratch}/{arm.replace(' ', '-')}.db", pool if n else None, base, seed=args.seed,
                           settings=settings, workload=wl, objective="time-to-loss", efficiency_model=eff_model,
                           noise_scale=noise, meter=m if n else None, confirm_rounds=args.confirm_rounds,
                           finalists=args.finalists, on_progress=say, intervals_card=card)
-            picks[arm], search[arm] = (result.strategy, result.source), time.monotonic() - t0
-            row[f"{arm} why"] = result.why
+            return result.strategy, result.source, result.why
+
+    picks = {"DDP default": (Strategy.default(), "ddp_default")}
+    search = {"DDP default": 0.0}
+    for arm, fn in (("best baseline", best_baseline), ("Optuna alone", optuna_arm),
+                    ("tune m0", lambda: tune_arm("tune m0", 0)),
+                    ("tune m8", lambda: tune_arm("tune m8", args.measure))):
+        kept = journal.step(f"search {arm}", lambda: searched(fn))
+        picks[arm], search[arm] = (Strategy.from_dict(kept["strategy"]), kept["source"]), kept["search_s"]
+        if arm.startswith("tune"):
+            row[f"{arm} why"] = kept["why"]
     timed: dict[str, dict] = {}
     with EfficiencyMeter(refs_store, wl, batch, world, rph, also=[data]) as train_meter:
-        say(f"{wl} {spec}: training the DDP default to L* = {goal:.4f}")
-        first = time_to_target(pool, wl, batch, Strategy.default(), goal, train_meter)
+        def train(name, strategy, cap=None, msg=None):
+            def run():
+                say(f"{wl} {spec}: {msg}")
+                return time_to_target(pool, wl, batch, strategy, goal, train_meter, cap)
+            return journal.step(name, run)
+
+        first = train("train default first", Strategy.default(), msg=f"training the DDP default to L* = {goal:.4f}")
         cap = args.cap * (first["time_s"] or first["trained_s"])
         for arm in ARMS[1:]:
             strategy, source = picks[arm]
             if strategy.hash not in timed and strategy.hash != Strategy.default().hash:
-                say(f"{wl} {spec}: training {arm} ({source}) to L*")
-                timed[strategy.hash] = time_to_target(pool, wl, batch, strategy, goal, train_meter, cap)
-        say(f"{wl} {spec}: training the DDP default to L* again (its noise)")
-        last = time_to_target(pool, wl, batch, Strategy.default(), goal, train_meter)
+                timed[strategy.hash] = train(f"train {strategy.hash}", strategy, cap,
+                                             f"training {arm} ({source}) to L*")
+        last = train("train default last", Strategy.default(),
+                     msg="training the DDP default to L* again (its noise)")
     defaults = [r["time_s"] for r in (first, last) if r["time_s"]]
     default = dict(first, time_s=statistics.median(defaults) if defaults else None, runs=[first, last],
                    spread=(max(defaults) - min(defaults)) / statistics.median(defaults) if len(defaults) > 1 else None)
@@ -183,6 +211,9 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say):
     for arm in ARMS:
         strategy, source = picks[arm]
         row[arm] = {"source": source, "search_s": search[arm], **timed[strategy.hash]}
+    if journal.resumed:
+        row["resumed_after"] = journal.resumed
+    journal.close()
     return row
 
 
@@ -205,19 +236,21 @@ def table(rows, args):
              "loss reaches L*, measured on the emulated cluster (2-core CPU host, gloo). train x = the DDP default's "
              "median time / the pick's; e2e x adds the arm's search seconds to the pick's time. LOSSY picks change "
              "the math (compression, local SGD, relaxed sync); their time includes what that costs in convergence. "
-             f"'never' = L* not reached within {args.cap:g}x the default's time or 2x the horizon in steps. "
+             f"'never' = L* not reached within {args.cap:g}x the default's time or 2x the horizon in steps; "
+             "FAILED = the pick's training crashed or hung (its reason in rows.jsonl; tune m8's column shows it). "
              "noise = (max - min) / median of the default's two timed runs. Arms: see the script's docstring.", "",
              "| workload | cluster | L* | default s (noise) | best baseline | x | Optuna alone | x | tune m0 | x | "
              "tune m8 | s | train x | search s | e2e x |",
              "|---|---|---:|---:|---|---:|---|---:|---|---:|---|---:|---:|---:|---:|"]
     tag = lambda a: f"{a['source'][:24]} ({'LOSSY' if a['lossy'] else 'lossless'})"  # noqa: E731
+    xs = lambda a, d: "FAILED" if a.get("failed") else f"{_x(a, d):.2f}"  # noqa: E731
     for r in done:
         d = r["DDP default"]
         noise = f"{d['spread']:.0%}" if d.get("spread") is not None else "n/a"
         b, o, z, t = (r[a] for a in ARMS[1:])
         lines.append(f"| {r['workload']} | {r['cluster']} | {r['target_loss']:.3f} | {fmt_time(d)} ({noise}) | "
-                     f"{tag(b)} | {_x(b, d):.2f} | {tag(o)} | {_x(o, d):.2f} | {tag(z)} | {_x(z, d):.2f} | {tag(t)} | "
-                     f"{fmt_time(t)} | {_x(t, d):.2f} | {t['search_s']:.0f} | {_x(t, d, True):.2f} |")
+                     f"{tag(b)} | {xs(b, d)} | {tag(o)} | {xs(o, d)} | {tag(z)} | {xs(z, d)} | {tag(t)} | "
+                     f"{fmt_time(t)} | {xs(t, d)} | {t['search_s']:.0f} | {_x(t, d, True):.2f} |")
     left = [f"- {r['workload']} on {r['cluster']}: {r['left_out']}" for r in rows if "left_out" in r]
     if left:
         lines += ["", f"Left out ({len(left)}):", "", *left]
@@ -251,8 +284,8 @@ def table(rows, args):
                      f"{med(ratios(sel, 'tune m8', 'tune m0'))} | {worst(ratios(sel, 'tune m8'))} | "
                      f"{med([_x(r['tune m8'], r['DDP default'], True) for r in sel])} | "
                      f"{len(slower)}{': ' + ', '.join(slower) if slower else ''} |")
-    lines += ["", "Medians of per-context ratios (a ratio over an arm that never reached L* is inf and counts as a "
-              "win). One timed training per pick (two for the default): read differences within the noise column as "
+    lines += ["", "Medians of per-context ratios (a ratio over an arm that never reached L*, or failed, is inf and "
+              "counts as a win). One timed training per pick (two for the default): read differences within the noise column as "
               "ties."]
     why = [f"- {r['workload']} {r['cluster']}: {r['tune m8 why']}" for r in done if r.get("tune m8 why")]
     if why:

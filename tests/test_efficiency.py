@@ -135,6 +135,27 @@ def test_meter_stores_measures_once_and_reads_it_back(tmp_path):
         assert meter.measure(psgd)["efficiency_key"] == rows.efficiency_key[~(rows.lossy_key == "lossless")].iloc[0]
 
 
+def test_collect_again_measures_the_censored_rows_again_and_nothing_else(tmp_path):
+    from autosync.efficiency import collect
+
+    store = DatasetStore(tmp_path / "d")
+    topk = Strategy.from_dict({"groups": [{"compressor": {"name": "topk", "ratio": 0.01}}]})
+    with EfficiencyMeter(store, SMALL, 64, 2, 1) as meter:      # the collector's horizon: its references are reused
+        row = meter.measure(topk)
+    censored = {**row, "protocol": 1, "efficiency": 0.0, "efficiency_raw": 0.0, "timestamp": 1.0}
+    other = {**censored, "efficiency_key": row["efficiency_key"].replace(SMALL, "mlp"), "workload": "mlp"}
+    store.replace_efficiency([censored, other])
+    assert collect(store, [SMALL], per_group=5) == {"ok": 0, "failed": 0, "timeout": 0, "flat": 0, "stored": 0}, \
+        "without --again only the trials' lossy keys are measured (this store has no trials)"
+    counts = collect(store, [SMALL], again=True)
+    assert counts["ok"] == 1 and counts["stored"] == 0, counts
+    rows = store.efficiency_rows()
+    again = rows[row["efficiency_key"]]
+    assert again["protocol"] == PROTOCOL and again["timestamp"] > 1.0
+    assert rows[other["efficiency_key"]]["timestamp"] == 1.0, "--workloads still selects"
+    assert collect(store, [SMALL], again=True)["ok"] == 0, "a row measured again is reused"
+
+
 def test_rows_of_an_older_protocol_are_reused_only_where_the_measurement_did_not_change():
     asp = Strategy.from_dict({"sync": "asp"})
     psgd = Strategy.from_dict({"groups": [{"compressor": {"name": "powersgd", "rank": 1}}]})

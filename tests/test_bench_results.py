@@ -1,0 +1,54 @@
+"""bench/_results.py's Journal: a stopped benchmark context resumes after its last finished step."""
+import json
+import math
+import sys
+from pathlib import Path
+
+from autosync import workloads as W
+from autosync.cluster import parse_cluster
+from autosync.profiler.profile import nominal_profile
+from autosync.search.space import random_strategies
+from autosync.strategy import Strategy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from _results import Journal  # noqa: E402
+
+
+def test_journal_keeps_finished_steps_and_resumes_after_them(tmp_path):
+    path = tmp_path / "ctx.steps.json"
+    key = {"goal": 2.5, "measure": 8}
+    calls = []
+
+    def step(value):
+        def run():
+            calls.append(value)
+            return value
+        return run
+
+    profile = nominal_profile(parse_cluster("2x1@1gbit"), "mlp", W.default_batch_size("mlp"))
+    strategy = random_strategies(profile, 1, seed=3)[0]
+    j = Journal(path, key)
+    assert j.resumed == []
+    first = j.step("search tune m8", step({"strategy": strategy.canonical(), "search_s": 12.5}))
+    timed = j.step("train default first", step({"time_s": None, "reached": math.nan}))
+    assert len(calls) == 2 and calls[0] == first and timed["time_s"] is None and math.isnan(timed["reached"])
+    assert path.exists() and not list(tmp_path.glob("*.tmp"))
+
+    # a stopped run: a new process reads what was finished and does not run it again
+    again = Journal(path, dict(key))
+    assert again.resumed == ["search tune m8", "train default first"]
+    kept = again.step("search tune m8", step("must not run"))
+    assert Strategy.from_dict(kept["strategy"]).hash == strategy.hash and kept["search_s"] == 12.5
+    assert math.isnan(again.step("train default first", step("must not run"))["reached"])
+    assert again.step("train default last", step({"time_s": 40.0})) == {"time_s": 40.0}
+    assert len(calls) == 3 and calls[2] == {"time_s": 40.0}
+    assert json.loads(path.read_text())["steps"]["train default last"] == {"time_s": 40.0}
+
+    # other settings: what was kept does not hold, the context starts over
+    other = Journal(path, dict(key, goal=2.4))
+    assert other.resumed == []
+    assert other.step("search tune m8", step("ran")) == "ran"
+
+    other.close()
+    assert not path.exists()
+    Journal(path, key).close()      # nothing to remove: no error
