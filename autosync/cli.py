@@ -412,7 +412,8 @@ def _cmd_efficiency(args) -> int:
     store = _data_store(args.data)
     store.read()  # a damaged dataset is reported before anything runs
     counts = efficiency.collect(store, args.workloads, args.worlds, args.per_group, args.seed, args.timeout,
-                                progress=lambda text: print(text, file=sys.stderr, flush=True), again=args.again)
+                                progress=lambda text: print(text, file=sys.stderr, flush=True),
+                                again=args.again)
     print(f"efficiency: {counts['ok']} measured, {counts['failed'] + counts['timeout']} failed, {counts['flat']} with a "
           f"reference too flat to measure, {counts['stored']} already stored "
           f"-> {store.root}")

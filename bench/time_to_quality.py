@@ -285,8 +285,8 @@ def table(rows, args):
                      f"{med([_x(r['tune m8'], r['DDP default'], True) for r in sel])} | "
                      f"{len(slower)}{': ' + ', '.join(slower) if slower else ''} |")
     lines += ["", "Medians of per-context ratios (a ratio over an arm that never reached L*, or failed, is inf and "
-              "counts as a win). One timed training per pick (two for the default): read differences within the noise column as "
-              "ties."]
+              "counts as a win). One timed training per pick (two for the default): read differences within the "
+              "noise column as ties."]
     why = [f"- {r['workload']} {r['cluster']}: {r['tune m8 why']}" for r in done if r.get("tune m8 why")]
     if why:
         lines += ["", "Why tune m8 did not take the fastest-per-step strategy:", "", *why]

@@ -4,10 +4,6 @@ import math
 import sys
 from pathlib import Path
 
-from autosync import workloads as W
-from autosync.cluster import parse_cluster
-from autosync.profiler.profile import nominal_profile
-from autosync.search.space import random_strategies
 from autosync.strategy import Strategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -25,8 +21,8 @@ def test_journal_keeps_finished_steps_and_resumes_after_them(tmp_path):
             return value
         return run
 
-    profile = nominal_profile(parse_cluster("2x1@1gbit"), "mlp", W.default_batch_size("mlp"))
-    strategy = random_strategies(profile, 1, seed=3)[0]
+    strategy = Strategy.from_dict({"sync": {"mode": "local_sgd", "period": 4},
+                                   "groups": [{"compressor": {"name": "powersgd", "rank": 4}}]})
     j = Journal(path, key)
     assert j.resumed == []
     first = j.step("search tune m8", step({"strategy": strategy.canonical(), "search_s": 12.5}))
