@@ -44,6 +44,15 @@ def _teacher(*shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(TEACHER_SEED))
 
 
+ZIPF_EXPONENT = 1.05
+
+
+def _zipf(rows: int) -> torch.Tensor:
+    """Weights of a Zipf law over ``rows`` ids (id k drawn with probability ~ (k+1)^-ZIPF_EXPONENT), for
+    ``torch.multinomial``: real categorical ids (users, items, features) are power-law, so frequent rows recur."""
+    return torch.arange(1, rows + 1, dtype=torch.float64).pow(-ZIPF_EXPONENT)
+
+
 def loss_of(output: Any) -> torch.Tensor:
     """The scalar loss of a forward call's output (a tensor, or an object with ``.loss``)."""
     loss = getattr(output, "loss", output)
@@ -260,13 +269,18 @@ class _NCF(nn.Module):
 
 
 def ncf() -> tuple[nn.Module, MakeBatch]:
-    """NCF with 200k users and 100k items x 64 (~77 MB of tables); a batch of 2048 touches ~1% of user rows."""
+    """NCF with 200k users and 100k items x 64 (~77 MB of tables). Users and items follow a Zipf law, as real
+    interactions do, so frequent rows recur and the click teacher (the sign of hidden 8-vectors' product) is
+    learnable (held-out loss 0.697 -> 0.606 in 240 Adam steps on one process); a batch of 2048 touches
+    ~1k distinct users and ~1k items. (Until session 30 the ids were uniform: each user
+    was seen ~5 times in 240 steps and the loss stayed at 0.693.)"""
     users, items, dim = 200_000, 100_000, 64
     tu, ti = _teacher(users, 8), _teacher(items, 8)
+    zu, zi = _zipf(users), _zipf(items)
 
     def make_batch(batch_size: int, gen: torch.Generator) -> dict:
-        u = torch.randint(0, users, (batch_size,), generator=gen)
-        i = torch.randint(0, items, (batch_size,), generator=gen)
+        u = torch.multinomial(zu, batch_size, replacement=True, generator=gen)
+        i = torch.multinomial(zi, batch_size, replacement=True, generator=gen)
         return {"users": u, "items": i, "labels": ((tu[u] * ti[i]).sum(1) > 0).float()}
 
     return _NCF(users, items, dim), make_batch
@@ -302,8 +316,8 @@ class _WideDeep(nn.Module):
 
 def wide_recsys() -> tuple[nn.Module, MakeBatch]:
     """Wide & deep recommender with 8 embedding tables (300k down to 1k rows x 64, ~39.5M parameters, ~97% in
-    the tables) and 13 dense features. Ids follow a Zipf law (exponent 1.05), as real categorical features do,
-    so frequent rows recur; the click teacher adds a hidden score per row, pairwise products of hidden
+    the tables) and 13 dense features. Ids follow a Zipf law (``_zipf``), as real categorical features do, so
+    frequent rows recur; the click teacher adds a hidden score per row, pairwise products of hidden
     4-vectors of the rows (what the dot interactions can learn, more slowly) and a linear term in the dense
     features. A batch of 1024 touches a few percent of the largest table's rows."""
     rows, dim, dense, k = [300_000, 150_000, 80_000, 40_000, 20_000, 10_000, 5_000, 1_000], 64, 13, 4
@@ -311,7 +325,7 @@ def wide_recsys() -> tuple[nn.Module, MakeBatch]:
     scores = [torch.randn(n, generator=gen0) for n in rows]
     vectors = [torch.randn(n, k, generator=gen0) for n in rows]
     w_dense = torch.randn(dense, generator=gen0)
-    zipf = [torch.arange(1, n + 1, dtype=torch.float64).pow(-1.05) for n in rows]
+    zipf = [_zipf(n) for n in rows]
     pairs = len(rows) * (len(rows) - 1) // 2
 
     def make_batch(batch_size: int, gen: torch.Generator) -> dict:

@@ -39,6 +39,7 @@ def test_ncf_is_embedding_heavy_and_touches_few_rows():
     sizes = dict((n, p.numel()) for n, p in model.named_parameters())
     assert sum(sizes[n] for n in emb) > 0.95 * sum(sizes.values())
     batch = make_batch(workloads.default_batch_size("ncf"), torch.Generator().manual_seed(0))
+    assert (batch["users"] == 0).float().mean() > 0.05, "ids follow a Zipf law: the first user recurs"
     workloads.loss_of(model(**batch)).backward()
     touched = (model.user_emb.weight.grad.abs().sum(1) != 0).float().mean().item()
     assert 0 < touched < 0.02
