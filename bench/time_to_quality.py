@@ -31,7 +31,8 @@ arms' efficiency stores are committed too (.gitignore), so a later session's con
 measured, as one user's store would. A context stopped midway resumes after its last finished step (each arm's
 search and pick, each timed training: ``contexts/<context>.steps.json``, bench/_results.Journal); an unfinished
 step starts over, and the row names the steps it took from the stopped run (``resumed_after``; its ``bench_s``
-counts only the resumed run).
+counts only the resumed run). A stopped context's journal is committed (.gitignore), so it resumes in the
+next session too.
 
     python bench/time_to_quality.py [--workloads ...] [--clusters ...] [--measure 8] [--work DIR]
     python bench/time_to_quality.py --table-only      # the table of every finished context, measuring nothing
