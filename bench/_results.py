@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -23,7 +24,8 @@ def commit() -> str:
                                text=True).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
+        sent = os.environ.get("AUTOSYNC_SOURCE_COMMIT")  # a copy of a checkout (bench/gpu_device_check.sh) names it
+        return f"{sent} (a copy of that checkout)" if sent else "unknown (not a git checkout)"
 
 
 def _now() -> str:

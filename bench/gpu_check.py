@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _results  # noqa: E402
 
 
-def strategies(embeddings: list[str], world: int) -> dict[str, dict]:
-    """One strategy per registry entry: each plan alone, each compressor over all-reduce, each sync mode."""
+def strategies(embeddings: list[str], world: int, hosts: int) -> dict[str, dict]:
+    """One strategy per registry entry: each plan alone, each compressor over all-reduce, each sync mode
+    (selective with one island per host: on one host, one island of every rank)."""
     from autosync import plans
 
     out: dict[str, dict] = {"ddp_default": {}}
@@ -49,7 +50,9 @@ def strategies(embeddings: list[str], world: int) -> dict[str, dict]:
         if not comp.identity:
             out[f"compressor {name}"] = {"groups": [{"match": "*", "compressor": name}]}
     for name, mode in plans.SYNC_MODES.items():
-        if name != "bsp":
+        if name == "selective":
+            out[f"sync {name}"] = {"sync": {"mode": name, "islands": [[h] for h in range(hosts)]}}
+        elif name != "bsp":
             out[f"sync {name}"] = {"sync": {"mode": name}}
     out["zero"] = {"optimizer_sharding": "zero"}
     return out
@@ -68,11 +71,17 @@ def check(pool, workload: str, batch: int, steps: int, label: str) -> list[dict]
     ref, ref_params = measure(pool, ref_spec, timeout=600)
     rows.append({"setup": label, "what": "plain DDP (reference)", "status": ref.status, "lossy": "no",
                  "samples_per_s": ref.samples_per_s, "equal": "-", "reason": ref.reason})
-    for what, raw in strategies(embeddings, pool.world_size).items():
-        s = Strategy.from_dict(raw)
-        spec = TrialSpec(workload, s.canonical(), batch, 1, steps, record_params=True)
+    for what, raw in strategies(embeddings, pool.world_size, pool.world_size // pool.ranks_per_host).items():
         t0 = time.monotonic()
-        r, params = measure(pool, spec, timeout=600)
+        try:
+            s = Strategy.from_dict(raw)
+            spec = TrialSpec(workload, s.canonical(), batch, 1, steps, record_params=True)
+            r, params = measure(pool, spec, timeout=600)
+        except Exception as e:  # noqa: BLE001 - a strategy this script cannot build is its own failing row
+            rows.append({"setup": label, "what": what, "status": "failed", "lossy": "-", "samples_per_s": 0.0,
+                         "equal": "-", "reason": f"{type(e).__name__}: {e}"[:160], "wall_s": time.monotonic() - t0})
+            print(f"  {label:<10} {what:<28} failed  -    {rows[-1]['reason'][:100]}", flush=True)
+            continue
         equal = "-"
         if r.ok and s.is_lossless and ref_params is not None and params is not None:
             off = params_close(ref_params, params, rtol=1e-4, atol=1e-5)
