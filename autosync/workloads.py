@@ -442,13 +442,16 @@ def build(name, seed: int = 0) -> tuple[nn.Module, MakeBatch]:
 
 
 def check_batch(name: str, model: nn.Module, make_batch: MakeBatch, batch_size: int) -> None:
-    """Run one forward pass on one batch; raise WorkloadError naming what went wrong."""
+    """Run one forward pass on one batch, on the model's device (batches are made on the CPU); raise
+    WorkloadError naming what went wrong."""
     try:
         batch = make_batch(batch_size, torch.Generator().manual_seed(0))
     except Exception as e:
         raise WorkloadError(f"workload {name!r}: make_batch raised {type(e).__name__}: {e}") from None
     if not isinstance(batch, dict):
         raise WorkloadError(f"workload {name!r}: make_batch must return a dict of keyword arguments")
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    batch = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
     try:
         with torch.no_grad():
             loss_of(model(**batch))

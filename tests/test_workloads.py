@@ -128,3 +128,14 @@ def test_the_campaign_status_counts_what_the_dataset_and_its_log_hold(tmp_path):
     assert lines[3] == "median within-trial CV 6.0%; by cluster: 2x1@1gbit 2.0%, 3x1@200mbit 10.0%"
     assert lines[4] == ("best strategy of a context over its DDP default: median 3.50x (range 3.00-4.00x); "
                         "17% of the strategies are slower than the default")
+
+
+def test_check_batch_runs_the_forward_on_the_models_device():
+    """Batches are made on the CPU; a model on a GPU got them there and failed every profile (seen on an H200).
+    The meta device stands in for the GPU here: the forward must see its inputs on the model's device."""
+    model, make_batch = workloads.build("gpt2-tiny")
+    model.to("meta")
+    seen = []
+    model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["input_ids"].device), with_kwargs=True)
+    workloads.check_batch("gpt2-tiny", model, make_batch, 2)
+    assert seen == [torch.device("meta")]
