@@ -93,3 +93,12 @@ def test_profile_bad_input_is_one_line_exit_2(tmp_path, workload, message):
     out = subprocess.run([sys.executable, "-m", "autosync.cli", "profile", "--workload", workload, "--cluster",
                           "2x1@1gbit", "--out", str(tmp_path / "p.json")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_point_to_point_buffers_are_on_the_host_over_gloo_only():
+    """gloo's send/recv write a buffer's pointer to a socket: a CUDA tensor aborted the network profile of a gloo
+    job on a GPU ("writev ... Bad address", H200). NCCL's stay on the device."""
+    from autosync.executor.device import p2p_device
+
+    assert p2p_device("gloo", "cuda:0") == "cpu" and p2p_device("gloo", "cpu") == "cpu"
+    assert p2p_device("nccl", "cuda:1") == "cuda:1"

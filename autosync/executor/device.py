@@ -2,8 +2,8 @@
 
 One rank, one device: ``cuda:<LOCAL_RANK>`` when the job has GPUs, else ``cpu``
 (``AUTOSYNC_DEVICE=cpu|cuda`` overrides). The backend follows the device: NCCL for CUDA,
-gloo for CPU (``AUTOSYNC_BACKEND`` overrides; gloo also carries CUDA tensors for
-all-reduce and broadcast). CUDA kernels run asynchronously to the host, so a clock read
+gloo for CPU (``AUTOSYNC_BACKEND`` overrides; gloo also carries CUDA tensors for its
+collectives, but its send and recv take host memory only: :func:`p2p_device`). CUDA kernels run asynchronously to the host, so a clock read
 on the host measures nothing unless the device is synchronized first: every timing in
 autosync reads :func:`now` (synchronize, then ``perf_counter``) or, for marks taken from
 inside autograd (gradient-ready times), records CUDA events resolved afterwards
@@ -42,6 +42,13 @@ def backend_for(device: str) -> str:
     if override:
         return override
     return "nccl" if str(device).startswith("cuda") else "gloo"
+
+
+def p2p_device(backend: str, device: str) -> str:
+    """Where a point-to-point buffer lives: on ``device``, except over gloo, whose send/recv write the buffer's
+    pointer to a socket as host memory (a CUDA tensor aborts the process: "writev ... Bad address", seen on an
+    H200), so there it is on the CPU, as a gloo job on GPUs would stage it."""
+    return "cpu" if str(backend).lower() == "gloo" else device
 
 
 def kind(device: str) -> str:

@@ -149,7 +149,9 @@ def _run_op(op: str, nbytes: int, group, group_ranks: list[int], me: int, peer: 
         scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
         return lambda: scatter(out, inp, group=group)
     if op == "send_recv":
-        t = ones(numel)
+        from autosync.executor.device import p2p_device
+
+        t = torch.ones(numel, device=p2p_device(dist.get_backend(group), device))
         if peer is None:
             return lambda: None
         first = me < peer
