@@ -14,8 +14,12 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def commit() -> str:
-    """The checkout's short commit, with '+dirty' when code has uncommitted changes (results do not count)."""
+    """The checkout's short commit, with '+dirty' when code has uncommitted changes (results do not count);
+    ``AUTOSYNC_SOURCE_COMMIT`` names it for a copy whose own git history is not the project's (a device machine's)."""
     root = Path(__file__).resolve().parent.parent
+    sent = os.environ.get("AUTOSYNC_SOURCE_COMMIT")  # a copy of a checkout (bench/gpu_device_check.sh) names it
+    if sent:
+        return f"{sent} (a copy of that commit's tree)"
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                               text=True, check=True).stdout.strip()
@@ -24,8 +28,7 @@ def commit() -> str:
                                text=True).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        sent = os.environ.get("AUTOSYNC_SOURCE_COMMIT")  # a copy of a checkout (bench/gpu_device_check.sh) names it
-        return f"{sent} (a copy of that checkout)" if sent else "unknown (not a git checkout)"
+        return "unknown (not a git checkout)"
 
 
 def _now() -> str:
