@@ -4,6 +4,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -101,6 +102,41 @@ def test_sweep_removes_what_a_dead_run_left():
         expected.add(f"cgroup autosync-{pid}-abcdef-r0")
     assert expected <= set(sweep())
     assert not expected & ours()
+
+
+def test_sweep_leaves_a_live_runs_probe_alone():
+    """Probes are named autosync-<pid>-0-probe...: a sweep by a run beside a live one must not take its probe
+    (the tests' leak checks read such a probe as left behind, and a sweep deleted it under the probing run)."""
+    live = f"autosync-{os.getpid()}-0-probea"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    gone = f"autosync-{dead.pid}-0-probe"
+    for name in (live, gone):
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        removed = sweep()
+        assert gone in removed and live not in removed and live in list_namespaces()
+    finally:
+        for name in (live, gone):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+
+
+def test_the_netem_probe_names_no_namespace():
+    """It runs in an anonymous namespace: a process killed in the middle of it leaves nothing."""
+    code = ("import autosync.executor.emulate as e\n"
+            "e.has_netem(); print('probing', flush=True)\n"
+            "while True:\n    e._netem_result = None; e.has_netem()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    seen = set()
+    try:
+        assert proc.stdout.readline().strip() == "probing"
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:    # a named probe lived ~half of each probe's 50 ms here
+            seen |= {n for n in list_namespaces() if n.startswith(f"autosync-{proc.pid}-")}
+    finally:
+        proc.kill()
+        proc.wait()
+    assert seen == set()
 
 
 @pytest.mark.skipif(cgroup_root() is None, reason="no writable cgroup CPU controller")
