@@ -150,6 +150,35 @@ def test_ssp_is_sgd_with_gradients_applied_late():
             assert min(pool.run(_ssp_vs_delayed_sgd, ssp, s - 1, 6)) > 1e-4
 
 
+def _retired_across_two_releases(ctx):
+    import torch
+
+    from autosync.executor import hooks
+    from autosync.executor.apply import apply, release
+
+    strategy = Strategy.from_dict({"groups": [{"match": "*", "plan": "ps"}], "sync": {"mode": "ssp", "staleness": 1}})
+    made = []
+    for _ in range(2):
+        model = torch.nn.Linear(4, 2)
+        ddp, opt = apply(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy, init_sync=False)
+        groups = list(ddp.autosync_state._subgroups)       # ssp's own copy of the group (worker path)
+        ddp(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        release(ddp)
+        made.append({id(g) for g in groups})
+        held = {id(g) for g in hooks._RETIRED}
+        assert groups and made[-1] <= held, "a released strategy's groups are held, not dropped on any thread"
+    assert not made[0] & held, "the next release dropped the earlier groups"
+    return True
+
+
+def test_released_groups_die_on_the_closing_thread_at_the_next_release():
+    """A gloo callback thread holding the last handle of a group would join itself in ~ProcessGroupGloo (SIGABRT,
+    "Resource deadlock avoided", seen in CI): released groups are held until the next release drops them."""
+    with RankPool(2) as pool:
+        assert pool.run(_retired_across_two_releases) == [True, True]
+
+
 def _adaptive_syncs(ctx, same_data: bool, steps: int):
     import torch
 

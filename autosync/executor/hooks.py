@@ -30,6 +30,7 @@ stream waits for it (no host synchronization, no cross-stream hazard).
 """
 # No "from __future__ import annotations": DDP checks the hook's annotations at run time.
 
+import atexit
 import logging
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,27 @@ from autosync import plans as registry
 from autosync.strategy import Strategy
 
 log = logging.getLogger(__name__)
+
+# Process groups destroyed by the last close(), kept until the next close() (or exit) drops them on this thread.
+_RETIRED: list = []
+
+
+def retire(*groups) -> None:
+    """Hold destroyed groups' Python handles until the next :meth:`SyncState.close` or exit.
+
+    A comm hook's ``then`` callbacks run on gloo's worker threads and keep the hook state alive until they return.
+    Were the last reference to a group dropped there, ``~ProcessGroupGloo`` would join its own worker thread:
+    ``std::system_error: Resource deadlock avoided``, SIGABRT (seen in CI, on rank 0 after an efficiency training).
+    Held here, a group dies on the thread that closes the next strategy, long after its callbacks ended."""
+    _RETIRED.extend(g for g in groups if g is not None)
+
+
+def drop_retired() -> None:
+    """Drop the retired groups now (a thread that no gloo callback runs on: close(), a rank's exit, atexit)."""
+    _RETIRED.clear()
+
+
+atexit.register(drop_retired)   # while the interpreter is whole (a group freed during its teardown can abort)
 
 
 @dataclass(frozen=True)
@@ -269,6 +291,7 @@ class SyncState:
                     pass
 
     def close(self) -> None:
+        drop_retired()          # the last strategy's groups: their callbacks ended long ago
         while self.closers:
             self.closers.pop(0)()
         self.drain()
@@ -281,6 +304,7 @@ class SyncState:
                 dist.destroy_process_group(grp)
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
+        retire(*self._subgroups)
         self._subgroups.clear()
 
 

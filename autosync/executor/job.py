@@ -155,6 +155,9 @@ def leave() -> None:
 
     import torch.distributed as dist
 
+    from autosync.executor.hooks import drop_retired
+
+    drop_retired()
     try:
         if dist.is_initialized():
             dist.destroy_process_group()

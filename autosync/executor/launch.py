@@ -208,6 +208,9 @@ def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, in
             log.debug("rank %d task failed:\n%s", rank, traceback.format_exc())
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             results.put(("error", rank, f"rank {rank}: {type(e).__name__}: {first}"[:500]))
+    from autosync.executor.hooks import drop_retired
+
+    drop_retired()
     dist.destroy_process_group()
 
 
