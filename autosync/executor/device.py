@@ -3,8 +3,9 @@
 One rank, one device: ``cuda:<LOCAL_RANK>`` when the job has GPUs, else ``cpu``
 (``AUTOSYNC_DEVICE=cpu|cuda`` overrides). The backend follows the device: NCCL for CUDA,
 gloo for CPU (``AUTOSYNC_BACKEND`` overrides; gloo also carries CUDA tensors for its
-collectives, but its send and recv take host memory only: :func:`p2p_device`). CUDA kernels run asynchronously to the host, so a clock read
-on the host measures nothing unless the device is synchronized first: every timing in
+collectives, but its send and recv take host memory only: :func:`p2p_device`). CUDA kernels
+run asynchronously to the host, so a clock read on the host measures nothing unless the
+device is synchronized first: every timing in
 autosync reads :func:`now` (synchronize, then ``perf_counter``) or, for marks taken from
 inside autograd (gradient-ready times), records CUDA events resolved afterwards
 (:class:`Marks`).

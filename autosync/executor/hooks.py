@@ -53,7 +53,7 @@ def retire(*groups) -> None:
 
     A comm hook's ``then`` callbacks run on gloo's worker threads and keep the hook state alive until they return.
     Were the last reference to a group dropped there, ``~ProcessGroupGloo`` would join its own worker thread:
-    ``std::system_error: Resource deadlock avoided``, SIGABRT (seen in CI, on rank 0 after an efficiency training).
+    ``std::system_error: Resource deadlock avoided``, SIGABRT (seen in CI, rank 0 of a tune test).
     Held here, a group dies on the thread that closes the next strategy, long after its callbacks ended."""
     _RETIRED.extend(g for g in groups if g is not None)
 
