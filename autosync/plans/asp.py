@@ -136,9 +136,6 @@ class AsyncParameterServer:
         dist.broadcast(final, src=self.server, group=self.group)
         self._load(final)
         dist.destroy_process_group(self.group)
-        from autosync.executor.hooks import retire
-
-        retire(self.group)
 
 
 class _AsyncOptimizer:

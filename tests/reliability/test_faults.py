@@ -56,7 +56,10 @@ def test_a_killed_a_hung_and_an_aborted_rank_are_recorded_and_the_run_goes_on(co
     assert f"did not finish within {limit:g} s" in first.reason.iloc[1]
     later = rows.iloc[3:]
     assert len(later) >= 2 and (later.status == "ok").all(), later[["status", "reason"]]  # the run went on
-    assert wall < limit + 90  # only the hang waited, and only for its time limit
+    # only the hang waited, and only for its time limit: its row came limit + (ranks' restart) after the killed one's
+    # (the whole run's wall time, once bounded here, doubled on a slow day of the machine: 109 s against 102)
+    hang_s = first.timestamp.iloc[1] - first.timestamp.iloc[0]
+    assert limit <= hang_s < limit + 30, (hang_s, wall)
     if command == "tune":  # the default failed: the fastest measured strategy, and a note saying why
         assert "the DDP default failed" in out.stdout
         header = (tmp_path / "strategy.yaml").read_text().splitlines()[1]
