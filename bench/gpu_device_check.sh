@@ -1,8 +1,10 @@
 #!/bin/bash
 # The GPU checks, as one script for a lent GPU machine (the workplace's `device` tool runs it in a copy of the
 # working tree, without .git; results go to $OUT). Needs python3 with CUDA torch and transformers; optuna and
-# lightgbm (and their needs) come as wheels in .whl/ when that python lacks them (see the closing note of the
-# session that ran it for the download line).
+# lightgbm (and their needs) come as wheels in .whl/ (ignored) when that python lacks them, fetched here with:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl optuna lightgbm alembic sqlalchemy colorlog mako greenlet
 #   1. bench/gpu_check.py: every plan, compressor and sync mode on CUDA, NCCL (one rank per GPU) and gloo+cuda
 #      (2 ranks sharing the GPU), lossless ones against plain DDP; the profiler on CUDA.
 #   2. `autosync tune --in-job` under torchrun: 2 ranks on the one GPU over gloo (NCCL refuses two ranks on one
