@@ -338,9 +338,17 @@ def _cmd_profile(args) -> int:
         table.add_row(what, value)
     for scope, fits in profile.network.fits.items():
         f = fits["all_reduce"]
-        table.add_row(f"all_reduce ({scope})", f"alpha {f.alpha_s * 1e6:,.0f} us, {f.bandwidth_bps / 1e6:,.0f} Mbit/s")
+        table.add_row(f"all_reduce ({scope})", f"alpha {f.alpha_s * 1e6:,.0f} us, "
+                                               f"{_bandwidth_text(f.bandwidth_bps, profile.network.world_size)}")
     _console().print(table)
     return 0
+
+
+def _bandwidth_text(bps: float, world_size: int) -> str:
+    """A fit with no time per byte has infinite bandwidth; at one rank that is because nothing is sent."""
+    if bps != float("inf"):
+        return f"{bps / 1e6:,.0f} Mbit/s"
+    return "nothing sent (1 rank)" if world_size == 1 else "no time per byte measured"
 
 
 def _add_collect(sub) -> None:

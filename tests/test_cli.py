@@ -105,3 +105,11 @@ def test_workloads_lists_every_builtin_with_its_batch():
     lines = out.stdout.splitlines()
     assert [line.split()[0] for line in lines] == list(BUILTINS)
     assert all(f"batch {BUILTINS[line.split()[0]].batch_size} " in line for line in lines)
+
+
+def test_a_one_rank_profile_says_nothing_was_sent_instead_of_infinite_bandwidth():
+    from autosync.cli import _bandwidth_text
+
+    assert _bandwidth_text(8e8, 2) == "800 Mbit/s"
+    assert _bandwidth_text(float("inf"), 1) == "nothing sent (1 rank)"
+    assert "inf" not in _bandwidth_text(float("inf"), 4)
