@@ -293,7 +293,7 @@ def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | 
     (default 2, unshaped loopback). Returns ``(TrialResult, where)``; ``where`` names the
     context of the measurement for tables.
     """
-    from autosync.executor.launch import RankPool
+    from autosync.executor.launch import START_TIMEOUT_S, RankPool
     from autosync.executor.measure import TrialSpec, measure
 
     if strategy is None:
@@ -316,12 +316,13 @@ def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | 
     check_strategy(strategy, model, world, source)
     del model
     spec = TrialSpec(w, strategy.canonical(), batch, warmup, steps, seed)
+    start = min(timeout, START_TIMEOUT_S)   # the ranks' start is bounded by the trial's limit too
     if cluster is not None:
-        with emulated(cluster, unshaped) as emu, emu.pool() as pool:
+        with emulated(cluster, unshaped) as emu, emu.pool(start_timeout=start) as pool:
             result, _ = measure(pool, spec, timeout=timeout)
         where = Context.on(pool, w, batch, cluster).label
     else:
-        with RankPool(world, ranks_per_host=ranks_per_host) as pool:
+        with RankPool(world, ranks_per_host=ranks_per_host, start_timeout=start) as pool:
             result, _ = measure(pool, spec, timeout=timeout)
         where = f"{world} local ranks (unshaped loopback)"
     return result, where

@@ -118,7 +118,8 @@ def _add_run(sub) -> None:
     p.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed warm-up steps (default 3)")
     p.add_argument("--seed", type=_non_negative_int, default=0, help="model and data seed (default 0)")
     p.add_argument("--timeout", type=_positive_float, default=300.0,
-                   help="time limit of the trial in seconds; all ranks are killed when it runs out (default 300)")
+                   help="time limit in seconds of the trial, and of its ranks' start (which has at most 120 s); "
+                        "all ranks are killed when it runs out (default 300)")
     p.add_argument("--json", action="store_true", help="print the TrialResult as JSON instead of a table")
     p.add_argument("--unshaped", action="store_true",
                    help="measure on this host's loopback without shaping the links (no root needed); the results "

@@ -47,6 +47,15 @@ def test_a_dead_rank_says_why_with_its_own_last_stderr_lines():
     assert "rank 1 died (exit code 3)" in reason and "scratch disk full" in reason, reason
 
 
+def test_the_time_limit_bounds_the_ranks_start_too():
+    """--timeout is the trial's limit; the ranks' own start (a fresh forkserver imports torch: well over 0.3 s) had a
+    fixed 120 s of its own before, whatever the user asked."""
+    out = autosync("run", "--workload", "mlp", "--steps", "2", "--json", "--timeout", "0.3")
+    assert out.returncode == 1
+    result = json.loads(out.stdout)
+    assert result["status"] == "timeout" and "did not start within 0.3 s" in result["reason"], result
+
+
 def test_the_api_called_at_import_time_names_the_cause(tmp_path):
     """Spawned ranks re-import the main module: a script without a __main__ guard must be told so."""
     script = tmp_path / "use_api.py"

@@ -214,6 +214,9 @@ def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, in
     dist.destroy_process_group()
 
 
+START_TIMEOUT_S = 120.0   # how long ranks may take to start (import torch, join the group) by default
+
+
 class RankPool:
     """``world_size`` gloo ranks that stay alive across tasks. Use as a context manager."""
 
@@ -221,7 +224,8 @@ class RankPool:
 
     def __init__(self, world_size: int, ranks_per_host: int | None = None,
                  placements: list[RankPlacement] | None = None, master_addr: str = "127.0.0.1",
-                 threads_per_rank: int | None = None, start_timeout: float = 120.0, network: str = "unshaped",
+                 threads_per_rank: int | None = None, start_timeout: float = START_TIMEOUT_S,
+                 network: str = "unshaped",
                  backend: str = "gloo", device: str = "cpu", method: str | None = None):
         self.world_size = world_size
         self.network = network          # what the ranks' links are: unshaped loopback, emulated, or real (Context)
@@ -370,7 +374,7 @@ class RankPool:
                     self.kill()
                     what = "start" if want == "ready" else "finish"
                     missing = sorted(set(range(self.world_size)) - set(out))
-                    raise TrialFailure("timeout", f"ranks {missing} did not {what} within {timeout:.0f} s")
+                    raise TrialFailure("timeout", f"ranks {missing} did not {what} within {timeout:g} s")
                 continue
             if kind == "error":
                 # A peer's crash shows up first as a socket error on the other ranks: give the
