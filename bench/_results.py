@@ -86,8 +86,10 @@ class Journal:
     """The finished steps of one long context, so that a stopped context resumes after its last finished step.
 
     ``step(name, fn)`` returns the value kept under ``name`` or, the first time, ``fn()``, kept at once (the JSON
-    file is replaced atomically after each step). A journal written for other settings (``key``) is discarded:
-    the context starts over. ``close()`` removes the file once the context's row is kept elsewhere."""
+    file is replaced atomically after each step) with the commit of the code that ran it and the date (``by``:
+    name -> "commit, date"; a journal written before it kept them has none). A journal written for other settings
+    (``key``) is discarded: the context starts over. ``close()`` removes the file once the context's row is kept
+    elsewhere. ``resumed_by()``: the steps taken from a stopped run, each with who ran it."""
 
     def __init__(self, path: str | Path, key: dict):
         self.path, self.key = Path(path), json.loads(json.dumps(key))
@@ -95,17 +97,25 @@ class Journal:
             raw = json.loads(self.path.read_text())
         except (OSError, ValueError):
             raw = {}
-        self.steps: dict = raw.get("steps", {}) if raw.get("key") == self.key else {}
+        same = raw.get("key") == self.key
+        self.steps: dict = raw.get("steps", {}) if same else {}
+        self.by: dict = raw.get("by", {}) if same else {}
         self.resumed = sorted(self.steps)
 
     def step(self, name: str, fn):
         if name not in self.steps:
             self.steps[name] = json.loads(json.dumps(fn()))     # as a resumed run would read it
+            self.by[name] = f"{commit()}, {_now()}"
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text(json.dumps({"key": self.key, "steps": self.steps}))
+            tmp.write_text(json.dumps({"key": self.key, "steps": self.steps, "by": self.by}))
             tmp.replace(self.path)
         return self.steps[name]
+
+    def resumed_by(self) -> dict[str, str]:
+        """{step taken from a stopped run: "commit, date" of the run that took it ("not recorded" before the
+        journal kept it)}."""
+        return {name: self.by.get(name, "not recorded") for name in self.resumed}
 
     def close(self) -> None:
         self.path.unlink(missing_ok=True)

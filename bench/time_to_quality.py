@@ -214,6 +214,7 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say):
         row[arm] = {"source": source, "search_s": search[arm], **timed[strategy.hash]}
     if journal.resumed:
         row["resumed_after"] = journal.resumed
+        row["resumed_by"] = journal.resumed_by()
     journal.close()
     return row
 
@@ -293,11 +294,24 @@ def table(rows, args):
         lines += ["", "Why tune m8 did not take the fastest-per-step strategy:", "", *why]
     by: dict[str, list[str]] = {}
     for r in done:
-        code = r.get("measured_by", "not recorded, ").split(",")[0]
-        by.setdefault(code, []).append(f"{r['workload']} {r['cluster']}")
-    lines += ["", "Code that measured each context (its commit; rows.jsonl's `measured_by` has the date):", "",
+        by.setdefault(measured_by(r), []).append(f"{r['workload']} {r['cluster']}")
+    lines += ["", "Code that measured each context (its commit; rows.jsonl's `measured_by` has the date, "
+              "`resumed_by` each step a stopped run took):", "",
               *(f"- {code}: {', '.join(ctxs)}" for code, ctxs in by.items())]
     return lines
+
+
+def measured_by(row: dict) -> str:
+    """The commit(s) whose code measured a context: its row's, then those of the steps a stopped run took
+    (``resumed_by``); a context resumed before the journal kept them says its earlier steps' commit is unknown."""
+    code = row.get("measured_by", "not recorded, ").split(",")[0]
+    earlier = [c.split(",")[0] for c in row.get("resumed_by", {}).values()]
+    if row.get("resumed_after") and "resumed_by" not in row:
+        earlier = ["not recorded"]
+    earlier = [c if c != "not recorded" else "an unrecorded commit" for c in dict.fromkeys(earlier) if c != code]
+    if not earlier:
+        return code
+    return f"{code} (resumed after steps by {' and '.join(earlier)})"
 
 
 def measure(args, work: Path) -> list[dict]:

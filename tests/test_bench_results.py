@@ -7,7 +7,7 @@ from pathlib import Path
 from autosync.strategy import Strategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from _results import Journal  # noqa: E402
+from _results import Journal, commit  # noqa: E402
 
 
 def test_journal_keeps_finished_steps_and_resumes_after_them(tmp_path):
@@ -33,6 +33,8 @@ def test_journal_keeps_finished_steps_and_resumes_after_them(tmp_path):
     # a stopped run: a new process reads what was finished and does not run it again
     again = Journal(path, dict(key))
     assert again.resumed == ["search tune m8", "train default first"]
+    by = again.resumed_by()     # who ran each kept step: this checkout's commit and a date
+    assert list(by) == again.resumed and all(v.startswith(commit() + ", ") and "UTC" in v for v in by.values()), by
     kept = again.step("search tune m8", step("must not run"))
     assert Strategy.from_dict(kept["strategy"]).hash == strategy.hash and kept["search_s"] == 12.5
     assert math.isnan(again.step("train default first", step("must not run"))["reached"])
@@ -48,3 +50,17 @@ def test_journal_keeps_finished_steps_and_resumes_after_them(tmp_path):
     other.close()
     assert not path.exists()
     Journal(path, key).close()      # nothing to remove: no error
+
+
+def test_a_resumed_contexts_row_names_the_commits_of_both_runs():
+    import time_to_quality as ttq
+
+    row = {"measured_by": "bbbbbbb, 2026-12-04 17:28 UTC"}
+    assert ttq.measured_by(row) == "bbbbbbb"
+    row.update(resumed_after=["search Optuna alone", "search tune m0"],
+               resumed_by={"search Optuna alone": "aaaaaaa, 2026-12-03 20:00 UTC",
+                           "search tune m0": "bbbbbbb, 2026-12-04 16:00 UTC"})
+    assert ttq.measured_by(row) == "bbbbbbb (resumed after steps by aaaaaaa)"
+    # a context resumed before the journal kept who ran each step (ncf 3x1@200mbit) does not pass for one commit's
+    del row["resumed_by"]
+    assert ttq.measured_by(row) == "bbbbbbb (resumed after steps by an unrecorded commit)"
