@@ -251,6 +251,7 @@ class RankPool:
         return bool(self._procs) and all(p.is_alive() for p in self._procs)
 
     def start(self) -> None:
+        began = time.monotonic()    # the limit covers p.start() too: the first waits while the forkserver imports torch
         self.kill()
         self._results = self._ctx.Queue()
         self._tasks = [self._ctx.Queue() for _ in range(self.world_size)]
@@ -282,7 +283,7 @@ class RankPool:
                 os.close(saved)
                 os.close(fd)
         self.starts += 1
-        self._collect("ready", self.start_timeout)
+        self._collect("ready", self.start_timeout, began)
 
     def kill(self) -> None:
         """SIGKILL every rank (and anything it started), then reap them."""
@@ -358,9 +359,12 @@ class RankPool:
             q.put((fn, args))
         return self._collect("ok", timeout)
 
-    def _collect(self, want: str, timeout: float) -> list[Any]:
+    def _collect(self, want: str, timeout: float, began: float | None = None) -> list[Any]:
+        """Every rank's ``want`` message within ``timeout`` s of ``began`` (default: now); a rank that dies first
+        fails the collection, and so does a start ("ready") that came in after its limit."""
         out: dict[int, Any] = {}
-        deadline = time.monotonic() + timeout
+        began = time.monotonic() if began is None else began
+        deadline = began + timeout
         while len(out) < self.world_size:
             try:
                 kind, rank, payload = self._results.get(timeout=0.1)  # type: ignore[union-attr]
@@ -387,6 +391,10 @@ class RankPool:
                     raise TrialFailure("failed", f"{deaths}; then {payload}"[:500])
                 raise TrialFailure("failed", payload)
             out[rank] = payload
+        if want == "ready" and time.monotonic() > deadline:    # started, but later than the limit allows
+            self.kill()
+            raise TrialFailure("timeout", f"ranks did not start within {timeout:g} s "
+                                          f"(they took {time.monotonic() - began:.1f} s)")
         return [out[r] for r in range(self.world_size)]
 
 
