@@ -31,8 +31,8 @@ measured: wide-recsys is too slow for 3x1@200mbit, so its 4th cluster is ``2x1@5
 arms' efficiency stores are committed too (.gitignore), so a later session's contexts reuse what earlier ones
 measured, as one user's store would. A context stopped midway resumes after its last finished step (each arm's
 search and pick, each timed training: ``contexts/<context>.steps.json``, bench/_results.Journal); an unfinished
-step starts over, and the row names the steps it took from the stopped run (``resumed_after``; its ``bench_s``
-counts only the resumed run). A stopped context's journal is committed (.gitignore), so it resumes in the
+step starts over, and the row names the steps it took from the stopped run (``resumed_after``; ``resumed_by``:
+the commit and date of each, which the table names too; its ``bench_s`` counts only the resumed run). A stopped context's journal is committed (.gitignore), so it resumes in the
 next session too.
 
     python bench/time_to_quality.py [--workloads ...] [--clusters ...] [--measure 8] [--work DIR]
