@@ -32,13 +32,14 @@ arms' efficiency stores are committed too (.gitignore), so a later session's con
 measured, as one user's store would. A context stopped midway resumes after its last finished step (each arm's
 search and pick, each timed training: ``contexts/<context>.steps.json``, bench/_results.Journal); an unfinished
 step starts over, and the row names the steps it took from the stopped run (``resumed_after``; ``resumed_by``:
-the commit and date of each, which the table names too; its ``bench_s`` counts only the resumed run). A stopped context's journal is committed (.gitignore), so it resumes in the
-next session too.
+the commit and date of each, which the table names too; its ``bench_s`` counts only the resumed run). A stopped
+context's journal is committed (.gitignore), so it resumes in the next session too.
 
     python bench/time_to_quality.py [--workloads ...] [--clusters ...] [--measure 8] [--work DIR]
     python bench/time_to_quality.py --table-only      # the table of every finished context, measuring nothing
 """
 import argparse
+import collections
 import json
 import math
 import shutil
@@ -257,9 +258,7 @@ def table(rows, args):
     left = [f"- {r['workload']} on {r['cluster']}: {r['left_out']}" for r in rows if "left_out" in r]
     if left:
         lines += ["", f"Left out ({len(left)}):", "", *left]
-    per: dict[str, int] = {}
-    for r in done:
-        per[r["workload"]] = per.get(r["workload"], 0) + 1
+    per = collections.Counter(r["workload"] for r in done)
     if per:
         lines += ["", "Clusters measured per workload: " + ", ".join(f"{w} {n}" for w, n in per.items())]
 
