@@ -60,7 +60,7 @@ def test_alpha_beta_fit_predicts_a_32mib_all_reduce_within_20_percent(spec):
     cluster = parse_cluster(spec)
     with EmulatedCluster(cluster) as emu, emu.pool() as pool:
         network = profile_network(pool)
-        measured = pool.run(_allreduce_seconds, 32 << 20, 3, timeout=300)[0]
+        measured = pool.run(_allreduce_seconds, 32 << 20, 7, timeout=300)[0]  # median of 7: 3 was 21% off once (CI)
     predicted = network.time("all_reduce", 32 << 20)
     assert abs(predicted / measured - 1) <= 0.20, (predicted, measured)
 
