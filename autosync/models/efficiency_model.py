@@ -14,6 +14,13 @@ describes the workload, never the network (efficiency does not depend on it):
 The target is the measured efficiency (0 = never reached the target loss), clipped to
 [0, 1.25]. Lossless strategies are 1 by definition and never predicted. Predicted goodput =
 predicted speedup x predicted efficiency.
+
+The loss is L1: the model predicts the conditional median. Measured efficiencies pile up at 1
+with a tail down to 0 (never reached the target, censored), so the median is the constant to
+beat in MAE, and the mean is pulled by the few zeros. Leave one workload out on 106 rows
+(session 34): L1 MAE 0.121 (5 seeds 0.120-0.123, Spearman 0.39-0.44) against L2's 0.139
+(0.134-0.142, Spearman 0.29-0.42), the training median's 0.126 and the training mean's 0.147.
+The risk of a zero is carried by the conformal interval (``interval_q``), not the point.
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ from autosync.strategy import Strategy
 _LOSSY_FEATURES = [f for e in (*registry.COMPRESSORS.values(), *registry.SYNC_MODES.values()) for f in e.features]
 EFF_FEATURES = ["log_params", "embedding_frac", "log_batch", "world_size", "log_noise_scale", "compression",
                 *_LOSSY_FEATURES]
-PARAMS = dict(objective="regression", n_estimators=200, learning_rate=0.05, num_leaves=7, min_child_samples=3,
+PARAMS = dict(objective="regression_l1", n_estimators=200, learning_rate=0.05, num_leaves=7, min_child_samples=3,
               subsample=0.8, subsample_freq=1, verbose=-1, n_jobs=1)
 CLIP = (0.0, 1.25)
 
@@ -99,7 +106,7 @@ class EfficiencyModel:
         import lightgbm as lgb
 
         self.rows = len(y)
-        self.prior = float(np.mean(y)) if len(y) >= self.min_rows else 1.0
+        self.prior = float(np.median(y)) if len(y) >= self.min_rows else 1.0
         self.booster = None
         if len(y) >= self.min_rows:
             model = lgb.LGBMRegressor(**PARAMS, random_state=seed)
@@ -153,24 +160,28 @@ def fit_store(store, seed: int = 0, without_workload: str | None = None) -> Effi
 
 
 def evaluate(store, seed: int = 0) -> dict:
-    """Leave one workload out: MAE and Spearman of the model against predicting the training mean."""
+    """Leave one workload out: MAE and Spearman of the model against predicting a constant, the training
+    median (the constant of least MAE) and the training mean."""
     from scipy.stats import spearmanr
 
     frame, X = training_rows(store)
     y = frame.efficiency.to_numpy()
-    per, preds, means = {}, np.zeros(len(y)), np.zeros(len(y))
+    per, preds, means, medians = {}, np.zeros(len(y)), np.zeros(len(y)), np.zeros(len(y))
     for w in sorted(frame.workload.unique()):
         test = (frame.workload == w).to_numpy()
         m = EfficiencyModel().fit(X[~test], y[~test], seed)
         preds[test] = m.predict(X[test])
         means[test] = y[~test].mean() if (~test).any() else 1.0
+        medians[test] = np.median(y[~test]) if (~test).any() else 1.0
         per[w] = {"rows": int(test.sum()), "mae": float(np.abs(preds[test] - y[test]).mean()),
+                  "mae_median_baseline": float(np.abs(medians[test] - y[test]).mean()),
                   "mae_mean_baseline": float(np.abs(means[test] - y[test]).mean())}
     rho = spearmanr(preds, y).statistic if len(y) > 2 and np.std(y) > 0 and np.std(preds) > 0 else float("nan")
     from autosync.models.uncertainty import LEVEL, conformal_quantile
 
     q = conformal_quantile(np.abs(preds - y), LEVEL) if len(y) else float("inf")
     return {"rows": int(len(y)), "workloads": len(per), "mae": float(np.abs(preds - y).mean()) if len(y) else None,
+            "mae_median_baseline": float(np.abs(medians - y).mean()) if len(y) else None,
             "mae_mean_baseline": float(np.abs(means - y).mean()) if len(y) else None,
             "spearman": None if rho != rho else float(rho), "per_workload": per,
             "interval_q": q if math.isfinite(q) else None,
