@@ -150,6 +150,22 @@ def test_ranks_see_the_launchers_environment_as_of_each_start(monkeypatch):
         assert second.run(_env_of, "AUTOSYNC_TEST_VALUE") == ["set later", "set later"]
 
 
+
+def _operation_timeout_s(ctx):
+    import torch
+    import torch.distributed as dist
+
+    return dist.group.WORLD._get_backend(torch.device(ctx.device)).options._timeout.total_seconds()
+
+
+def test_a_collective_may_wait_on_a_slow_rank_longer_than_the_start_limit():
+    """The group's operation timeout is torch's (30 min for gloo), not the pool's start limit: with the start limit
+    (2 min) asp's rank 0 timed out in an all-reduce while the workers that exchange with it over a 200 Mbit/s link
+    finished their first window (moe-tiny, 3x1@200mbit). By hand, a peer that joins an all-reduce 14 s late under
+    ``start_timeout=10``: "Timed out waiting 10000ms for recv" before, ok after (session 34)."""
+    with RankPool(1, start_timeout=10) as pool:
+        assert pool.run(_operation_timeout_s) == [1800.0]
+
 LAUNCHER = """
 import os, signal, sys
 from autosync.executor.launch import RankPool

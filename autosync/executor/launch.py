@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import datetime
 import faulthandler
 import logging
 import multiprocessing as mp
@@ -152,7 +151,7 @@ def _die_with(launcher: int) -> None:
 
 
 def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, int], place: RankPlacement,
-               threads: int, init_timeout: float, tasks: mp.Queue, results: mp.Queue, backend: str = "gloo",
+               threads: int, tasks: mp.Queue, results: mp.Queue, backend: str = "gloo",
                device: str = "cpu", stderr_dir: str | None = None, env: dict | None = None,
                launcher: int | None = None) -> None:
     if stderr_dir:   # a forked rank's fd 2 is the forkserver's: its own file from here on
@@ -190,8 +189,11 @@ def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, in
         if device == "cuda":   # one GPU per rank where there are enough, else ranks share them (gloo only)
             device = f"cuda:{rank % max(1, torch.cuda.device_count())}"
         set_device(device)
-        dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=init_timeout))
+        # torch's own timeout for the group's operations (gloo 30 min): the launcher bounds the start (start_timeout)
+        # and each task (its timeout) itself. The start limit as the operation timeout failed every collective that
+        # waited 2 min on a slower rank: asp's rank 0, done with its first window long before the workers that
+        # exchange with it over a slow link, timed out in the window's all-reduce (moe-tiny, 3x1@200mbit).
+        dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank, world_size=world)
         ctx = RankContext(rank, world, ranks_per_host, device=device, backend=backend)
         results.put(("ready", rank, None))
     except BaseException as e:  # noqa: BLE001 - reported to the launcher
@@ -263,7 +265,7 @@ class RankPool:
         self._procs = [self._ctx.Process(
             target=_rank_main, name=f"autosync-rank{r}", daemon=True,
             args=(r, self.world_size, self.ranks_per_host, master, self.placements[r], self.threads,
-                  self.start_timeout, self._tasks[r], self._results, self.backend, self.device, self._stderr_dir,
+                  self._tasks[r], self._results, self.backend, self.device, self._stderr_dir,
                   env, os.getpid()))
             for r in range(self.world_size)]
         forked = self._ctx.get_start_method() == "forkserver"
