@@ -146,7 +146,7 @@ def run_contexts(args, work: Path, done, measure_one, show, leave_out=None) -> l
     code = commit()
 
     def store(row):
-        row["measured_by"] = f"{code}, {_now()}"
+        row.setdefault("measured_by", f"{code}, {_now()}")    # a retrained row keeps who measured the rest
         with (Path(work) / "rows.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
         rows[(row["workload"], row["cluster"])] = row
@@ -167,6 +167,6 @@ def run_contexts(args, work: Path, done, measure_one, show, leave_out=None) -> l
             for wl in todo:
                 t0 = time.monotonic()
                 row = measure_one(pool, cluster, spec, wl, rows.get((wl, spec)))
-                row["bench_s"] = time.monotonic() - t0
+                row.setdefault("bench_s", time.monotonic() - t0)
                 store(row)
     return [rows[(w, c)] for c in args.clusters for w in args.workloads if (w, c) in rows]

@@ -37,6 +37,8 @@ context's journal is committed (.gitignore), so it resumes in the next session t
 
     python bench/time_to_quality.py [--workloads ...] [--clusters ...] [--measure 8] [--work DIR]
     python bench/time_to_quality.py --table-only      # the table of every finished context, measuring nothing
+    python bench/time_to_quality.py --retrain-failed --workloads moe-tiny --clusters 3x1@200mbit
+                                    # train a finished context's FAILED picks again (after a fix), keeping the rest
 """
 import argparse
 import collections
@@ -68,7 +70,7 @@ from autosync.search.space import suggest
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.search.tuner import Measured, confirm, settle_efficiency, tune
 from autosync.strategy import Strategy
-from _results import RESULTS, Journal, load_rows, run_contexts, speedup_bars, write as write_result
+from _results import RESULTS, Journal, _now, commit, load_rows, run_contexts, speedup_bars, write as write_result
 from time_to_loss import fmt_time, time_to_target
 
 ARMS = ("DDP default", "best baseline", "Optuna alone", "tune m0", "tune m8")
@@ -221,6 +223,43 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say):
     return row
 
 
+def failed_arms(row: dict) -> list[str]:
+    """The arms of a finished context whose pick's timed training failed (crashed or hung)."""
+    return [a for a in ARMS if "left_out" not in row and row[a].get("failed")]
+
+
+def retrain_failed(pool, cluster, spec, wl, prior, args, data, work, say) -> dict:
+    """``prior`` (a finished row) with its failed arms' picks trained to L* again, after a fix to what failed them:
+    same L*, the same cap over the default's first time, the arm's search kept. A pick is rebuilt from its source's
+    name, so only a hand-crafted baseline's (the searches' picks are not kept in the row). The row keeps who
+    measured the rest and says what was retrained, by which code, and why it failed before (``retrained``)."""
+    row = json.loads(json.dumps(prior))
+    batch = W.default_batch_size(wl)
+    raw = data.load_profile_dict(Context.on(pool, wl, batch, cluster).id)
+    profile = Profile.from_dict(raw) if raw else context_profile(DatasetStore(work / "profiles"), pool, cluster, wl,
+                                                                 batch, say)
+    hand = baselines(profile)
+    first = row["DDP default"]["runs"][0]
+    cap = args.cap * (first["time_s"] or first["trained_s"])
+    with EfficiencyMeter(DatasetStore(work / "references"), wl, batch, cluster.world_size, cluster.ranks_per_node,
+                         also=[data]) as meter:
+        for arm in failed_arms(row):
+            old = row[arm]
+            strategy = hand.get(old["source"])
+            if strategy is None or strategy.hash != old["hash"]:
+                say(f"{wl} {spec}: {arm}'s pick {old['source']} ({old['hash']}) is not a baseline this code rebuilds "
+                    "the same: left FAILED")
+                continue
+            say(f"{wl} {spec}: training {arm} ({old['source']}) to L* = {row['target_loss']:.4f} again "
+                f"(it failed: {old['failed'][:120]})")
+            t0 = time.monotonic()
+            timed = time_to_target(pool, wl, batch, strategy, row["target_loss"], meter, cap)
+            row[arm] = {"source": old["source"], "search_s": old["search_s"], **timed}
+            row.setdefault("retrained", {})[arm] = {"by": f"{commit()}, {_now()}", "failed_before": old["failed"],
+                                                    "bench_s": time.monotonic() - t0}
+    return row
+
+
 def _x(r, d, e2e=False):
     """The default's median time to L* over the arm's (0 = never reached)."""
     if not r.get("time_s") or not d.get("time_s"):
@@ -301,7 +340,8 @@ def table(rows, args):
     for r in done:
         by.setdefault(measured_by(r), []).append(f"{r['workload']} {r['cluster']}")
     lines += ["", "Code that measured each context (its commit; rows.jsonl's `measured_by` has the date, "
-              "`resumed_by` each step a stopped run took):", "",
+              "`resumed_by` each step a stopped run took, `retrained` an arm trained again after a fix, with why it "
+              "had failed):", "",
               *(f"- {code}: {', '.join(ctxs)}" for code, ctxs in by.items())]
     return lines
 
@@ -314,14 +354,19 @@ def measured_by(row: dict) -> str:
     if row.get("resumed_after") and "resumed_by" not in row:
         earlier = ["not recorded"]
     earlier = [c if c != "not recorded" else "an unrecorded commit" for c in dict.fromkeys(earlier) if c != code]
-    if not earlier:
-        return code
-    return f"{code} (resumed after steps by {' and '.join(earlier)})"
+    notes = [f"resumed after steps by {' and '.join(earlier)}"] if earlier else []
+    notes += [f"{arm} retrained by {v['by'].split(',')[0]}" for arm, v in row.get("retrained", {}).items()]
+    return f"{code} ({'; '.join(notes)})" if notes else code
 
 
 def measure(args, work: Path) -> list[dict]:
-    """Measure the contexts of ``args`` not finished in ``work``; every finished row of ``args``' contexts."""
-    done = set(load_rows(work))
+    """Measure the contexts of ``args`` not finished in ``work`` (with ``--retrain-failed``: retrain the failed picks of
+    the finished ones instead); every finished row of ``args``' contexts."""
+    finished = load_rows(work)
+    done = set(finished)
+    if args.retrain_failed:
+        done = {(w, c) for w in args.workloads for c in args.clusters} - {k for k, r in finished.items()
+                                                                          if failed_arms(r)}
     data = DatasetStore(args.data, create=False)
     full = training.build(data)
     settings = TrialSettings()
@@ -331,6 +376,8 @@ def measure(args, work: Path) -> list[dict]:
         print(f"  {msg}", flush=True)
 
     def measure_one(pool, cluster, spec, wl, prior):
+        if args.retrain_failed:
+            return retrain_failed(pool, cluster, spec, wl, prior, args, data, work, say)
         return run_context(pool, cluster, spec, wl, args, data, full, work, settings, say)
 
     def show(row):
@@ -364,6 +411,9 @@ def main() -> None:
                     help="resumable work directory (default bench/work/time_to_quality: it outlives a session; git "
                          "keeps its rows.jsonl, the finished contexts, and ignores the rest)")
     ap.add_argument("--out", default=str(RESULTS / "time_to_quality.md"))
+    ap.add_argument("--retrain-failed", action="store_true",
+                    help="measure no new context: train the FAILED picks of the finished contexts of --workloads x "
+                         "--clusters again (after a fix), keeping the rest of each row and saying so in the table")
     ap.add_argument("--table-only", action="store_true",
                     help="measure nothing: write the table and plot of the contexts of --workloads x --clusters "
                          "finished in --work")

@@ -64,3 +64,16 @@ def test_a_resumed_contexts_row_names_the_commits_of_both_runs():
     # a context resumed before the journal kept who ran each step (ncf 3x1@200mbit) does not pass for one commit's
     del row["resumed_by"]
     assert ttq.measured_by(row) == "bbbbbbb (resumed after steps by an unrecorded commit)"
+
+
+def test_a_retrained_arm_is_named_and_only_failed_arms_are_retrained():
+    import time_to_quality as ttq
+
+    ok = {"source": "ddp_default", "hash": "d", "time_s": 10.0}
+    row = {"workload": "moe-tiny", "cluster": "3x1@200mbit", "measured_by": "bbbbbbb, 2026-12-04 07:45 UTC",
+           **{a: dict(ok) for a in ttq.ARMS}}
+    assert ttq.failed_arms(row) == [] and ttq.failed_arms({"left_out": "too slow"}) == []
+    row["best baseline"] = {"source": "asp", "hash": "a", "time_s": None, "failed": "failed: rank 2: RuntimeError"}
+    assert ttq.failed_arms(row) == ["best baseline"]
+    row["retrained"] = {"best baseline": {"by": "ccccccc, 2026-12-05 00:10 UTC", "failed_before": "failed: ..."}}
+    assert ttq.measured_by(row) == "bbbbbbb (best baseline retrained by ccccccc)"
