@@ -119,13 +119,18 @@ def lowo_models(full, data, wl, seed):
     return loo, cost, eff
 
 
+def _profile(pool, cluster, ctx, wl, batch, data, work, say) -> Profile:
+    """The context's profile: the dataset's, else one profiled here (kept in ``work``)."""
+    raw = data.load_profile_dict(ctx)
+    return Profile.from_dict(raw) if raw else context_profile(DatasetStore(work / "profiles"), pool, cluster, wl,
+                                                              batch, say)
+
+
 def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say):
     batch = W.default_batch_size(wl)
     row = {"workload": wl, "cluster": spec}
     ctx = Context.on(pool, wl, batch, cluster).id
-    raw = data.load_profile_dict(ctx)
-    profile = Profile.from_dict(raw) if raw else context_profile(DatasetStore(work / "profiles"), pool, cluster, wl,
-                                                                 batch, say)
+    profile = _profile(pool, cluster, ctx, wl, batch, data, work, say)
     base, cost_model, eff_model = lowo_models(full, data, wl, args.seed)
     scratch = work / "contexts" / safe_name(ctx)
     shutil.rmtree(scratch, ignore_errors=True)     # an unfinished arm's trials start over; finished steps are kept
@@ -235,9 +240,7 @@ def retrain_failed(pool, cluster, spec, wl, prior, args, data, work, say) -> dic
     measured the rest and says what was retrained, by which code, and why it failed before (``retrained``)."""
     row = json.loads(json.dumps(prior))
     batch = W.default_batch_size(wl)
-    raw = data.load_profile_dict(Context.on(pool, wl, batch, cluster).id)
-    profile = Profile.from_dict(raw) if raw else context_profile(DatasetStore(work / "profiles"), pool, cluster, wl,
-                                                                 batch, say)
+    profile = _profile(pool, cluster, Context.on(pool, wl, batch, cluster).id, wl, batch, data, work, say)
     hand = baselines(profile)
     first = row["DDP default"]["runs"][0]
     cap = args.cap * (first["time_s"] or first["trained_s"])
