@@ -35,22 +35,28 @@ def _run(tmp_path, script, strategy, name, launcher, workload, steps=4, *extra):
     return torch.load(out), calls
 
 
-@pytest.fixture(scope="module")
-def tuned(tmp_path_factory):
-    """A tuned lossless strategy file per workload (the cost model's pick for a 2-host 1 gbit cluster)."""
-    made = {}
+@pytest.fixture(scope="session")
+def tuned(tmp_path_factory, worker_id):
+    """A tuned lossless strategy file per workload (the cost model's pick for a 2-host 1 gbit cluster), made once per
+    `make test`: pytest-xdist's workers share a folder (their temp dirs' parent), and the first to ask for a workload
+    tunes it while the others wait on its lock and read the same file (resnet-tiny serves two frameworks)."""
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent
 
     def get(workload):
-        if workload not in made:
-            d = tmp_path_factory.mktemp(f"tuned-{workload}")
-            out = subprocess.run([sys.executable, "-m", "autosync.cli", "tune", "--workload", workload, "--cluster",
-                                  "2x1@1gbit", "--measure", "0", "--lossless", *FEW_CANDIDATES, "--out", "s.yaml",
-                                  "--data", "d",
-                                  "--storage", f"sqlite:///{d}/t.db"], cwd=d, capture_output=True, text=True,
-                                 timeout=300)
-            assert out.returncode == 0, out.stderr[-2000:]
-            made[workload] = d / "s.yaml"
-        return made[workload]
+        d = shared / f"tuned-{workload}"
+        with FileLock(f"{d}.lock"):
+            if not (d / "s.yaml").exists():
+                d.mkdir(exist_ok=True)
+                out = subprocess.run([sys.executable, "-m", "autosync.cli", "tune", "--workload", workload,
+                                      "--cluster", "2x1@1gbit", "--measure", "0", "--lossless", *FEW_CANDIDATES,
+                                      "--out", "s.yaml", "--data", "d", "--storage", f"sqlite:///{d}/t.db"],
+                                     cwd=d, capture_output=True, text=True, timeout=300)
+                assert out.returncode == 0, out.stderr[-2000:]
+        return d / "s.yaml"
     return get
 
 

@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import optuna
 import pandas as pd
@@ -13,6 +14,8 @@ from autosync.executor.emulate import can_emulate
 from conftest import FEW_CANDIDATES
 
 pytestmark = pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
+#: 17k parameters: what is interrupted is the command, not the model (mlp's 14 trials took 21 s, these 9 s)
+SMALL = str(Path(__file__).resolve().parent.parent / "fixtures" / "small.py") + ":build"
 
 
 def _interrupt_when(cmd, cwd, ready, sig, limit=300.0):
@@ -37,9 +40,9 @@ def _interrupt_when(cmd, cwd, ready, sig, limit=300.0):
 def test_collect_interrupted_by_sigint_resumes_without_loss_or_duplicates(tmp_path, nothing_left, store_with_profile):
     """SIGINT here, SIGTERM in the tune test below (one interruption each: they share the unwinding path, and the
     suite's time is short; both used to take both signals in turn)."""
-    cmd = [sys.executable, "-m", "autosync.cli", "collect", "--workloads", "mlp", "--clusters", "2x1@10gbit",
+    cmd = [sys.executable, "-m", "autosync.cli", "collect", "--workloads", SMALL, "--clusters", "2x1@10gbit",
            "--per-context", "2", "--data", "d", "--budget", "0.3"]
-    store = store_with_profile(tmp_path / "d", "mlp", "2x1@10gbit")
+    store = store_with_profile(tmp_path / "d", SMALL, "2x1@10gbit")
     seen = None
     for sig, rows in ((signal.SIGINT, 2),):
         assert _interrupt_when(cmd, tmp_path, lambda: len(store.read()) >= rows, sig) == 130
@@ -61,9 +64,9 @@ def test_collect_interrupted_by_sigint_resumes_without_loss_or_duplicates(tmp_pa
 @pytest.mark.slow
 def test_tune_interrupted_by_sigterm_resumes_with_the_study_intact(tmp_path, nothing_left, store_with_profile):
     storage = f"sqlite:///{tmp_path}/t.db"
-    cmd = [sys.executable, "-m", "autosync.cli", "tune", "--workload", "mlp", "--cluster", "2x1@10gbit",
+    cmd = [sys.executable, "-m", "autosync.cli", "tune", "--model", SMALL, "--cluster", "2x1@10gbit",
            "--measure", "3", "--objective", "throughput", "--confirm-rounds", "0", *FEW_CANDIDATES, "--data", "d", "--storage", storage, "--out", "s.yaml"]
-    store = store_with_profile(tmp_path / "d", "mlp", "2x1@10gbit")
+    store = store_with_profile(tmp_path / "d", SMALL, "2x1@10gbit")
 
     def study_hashes():
         summaries = optuna.get_all_study_summaries(storage)
