@@ -1,12 +1,15 @@
 """Shared helpers: every test that starts ranks checks that none of them outlives it."""
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 #: The tunes of the tests score 100 candidates, not the CLI's 500 (about 10 s less each): what they test is not the
 #: search's breadth.
 FEW_CANDIDATES = ("--candidates", "100")
+#: The 17k-parameter test model (fast trials), by absolute path: commands run in their tests' temp dirs.
+SMALL = str(Path(__file__).resolve().parent / "fixtures" / "small.py") + ":build"
 
 
 def pytest_collection_modifyitems(items):

@@ -1,6 +1,4 @@
 """Statistical efficiency: paired training on real ranks, and the arithmetic of the comparison."""
-from pathlib import Path
-
 import pytest
 
 from autosync.datasets.store import DatasetStore
@@ -8,11 +6,10 @@ from autosync.efficiency import (PROTOCOL, Curve, CurveSpec, EfficiencyMeter, co
                                  reusable, steps_to, target)
 from autosync.executor.launch import RankPool
 from autosync.strategy import Strategy
+from conftest import SMALL   # the protocol's arithmetic does not need mlp's 5.8M parameters
 
 pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
 HORIZON, EVERY = 80, 10
-#: a 17k-parameter regression model: the protocol's arithmetic does not need mlp's 5.8M parameters
-SMALL = str(Path(__file__).parent / "fixtures" / "small.py") + ":build"
 
 
 def test_steps_to_interpolates_the_first_crossing_and_none_when_never():

@@ -13,9 +13,8 @@ import pytest
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import can_emulate
 from autosync.executor.launch import free_port
-from conftest import FEW_CANDIDATES, cli
+from conftest import FEW_CANDIDATES, SMALL, cli
 
-SMALL = str(Path(__file__).parent / "fixtures" / "small.py") + ":build"     # 17k parameters: fast trials
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
