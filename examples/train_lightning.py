@@ -2,6 +2,9 @@
 
     python examples/train_lightning.py --strategy strategy.yaml --devices 2 [--workload resnet-tiny]
 
+Where there are GPUs Lightning trains on them with NCCL (``--accelerator auto``, the default: one process per
+device), else on CPU processes with gloo; ``--accelerator cpu`` forces the CPU.
+
 The one autosync line is the Trainer's ``strategy=AutosyncDDPStrategy(...)``: Lightning wraps the model in
 DDP with the file's bucket options, autosync's comm hook runs every plan and compressor of the file, and
 local SGD's averaging runs in Lightning's post-step averaging. ``--strategy ddp`` trains with Lightning's
@@ -51,7 +54,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--strategy", required=True, help="strategy file (YAML or JSON), or 'ddp' for Lightning's own")
     ap.add_argument("--workload", default="resnet-tiny", help="built-in workload to train")
-    ap.add_argument("--devices", type=int, default=2, help="processes on this machine (CPU, gloo)")
+    ap.add_argument("--accelerator", default="auto",
+                    help="Lightning's accelerator: auto (GPUs with NCCL where there are any, else CPU with gloo), "
+                         "gpu or cpu")
+    ap.add_argument("--devices", type=int, default=2, help="processes on this machine (one per device)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--ranks-per-host", type=int, default=None,
@@ -60,15 +66,14 @@ def main() -> None:
     args = ap.parse_args()
 
     if args.strategy == "ddp":
-        strategy = pl.strategies.DDPStrategy(process_group_backend="gloo")
+        strategy = pl.strategies.DDPStrategy()     # Lightning picks the backend: NCCL on GPUs, gloo on CPUs
     else:
         from autosync.integrations.lightning import AutosyncDDPStrategy
 
-        strategy = AutosyncDDPStrategy(args.strategy, ranks_per_host=args.ranks_per_host, module="net",
-                                       process_group_backend="gloo")   # the one autosync line
+        strategy = AutosyncDDPStrategy(args.strategy, ranks_per_host=args.ranks_per_host, module="net")  # the one line
     batch = workloads.default_batch_size(args.workload)
     loader = torch.utils.data.DataLoader(Batches(args.workload, batch * args.devices * args.steps), batch_size=batch)
-    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=args.steps,
+    trainer = pl.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=strategy, max_steps=args.steps,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
     module = Workload(args.workload, args.lr)

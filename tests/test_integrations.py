@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from autosync import workloads
 from autosync.executor.launch import RankPool, free_port
 from conftest import FEW_CANDIDATES
 
@@ -39,8 +40,15 @@ def _run(tmp_path, script, strategy, name, launcher, workload, steps=4, *extra):
 def tuned(tmp_path_factory, worker_id):
     """A tuned lossless strategy file per workload (the cost model's pick for a 2-host 1 gbit cluster), made once per
     `make test`: pytest-xdist's workers share a folder (their temp dirs' parent), and the first to ask for a workload
-    tunes it while the others wait on its lock and read the same file (resnet-tiny serves two frameworks)."""
+    tunes it while the others wait on its lock and read the same file (resnet-tiny serves two frameworks). The tune
+    reads the shipped dataset's profile of the context (`--profile`) instead of profiling the model again (~15 s of
+    CPU each): profiling is tested elsewhere."""
     from filelock import FileLock
+
+    from autosync.cluster import parse_cluster
+    from autosync.context import Context
+    from autosync.datasets.store import DatasetStore
+    from autosync.datasets import SHIPPED_DATA
 
     shared = tmp_path_factory.getbasetemp()
     if worker_id != "master":
@@ -51,8 +59,11 @@ def tuned(tmp_path_factory, worker_id):
         with FileLock(f"{d}.lock"):
             if not (d / "s.yaml").exists():
                 d.mkdir(exist_ok=True)
+                context = Context.of(workload, workloads.default_batch_size(workload), parse_cluster("2x1@1gbit"))
+                profile = DatasetStore(SHIPPED_DATA, create=False).profile_path(context.id)
                 out = subprocess.run([sys.executable, "-m", "autosync.cli", "tune", "--workload", workload,
                                       "--cluster", "2x1@1gbit", "--measure", "0", "--lossless", *FEW_CANDIDATES,
+                                      "--profile", str(profile),
                                       "--out", "s.yaml", "--data", "d", "--storage", f"sqlite:///{d}/t.db"],
                                      cwd=d, capture_output=True, text=True, timeout=300)
                 assert out.returncode == 0, out.stderr[-2000:]

@@ -3,7 +3,7 @@
     import pytorch_lightning as pl
     from autosync.integrations.lightning import AutosyncDDPStrategy
 
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=AutosyncDDPStrategy("strategy.yaml"))
+    trainer = pl.Trainer(devices=2, strategy=AutosyncDDPStrategy("strategy.yaml"))   # GPUs with NCCL or CPUs with gloo
     trainer.fit(model, loader)
 
 What it carries: ``fusion`` (DDP's ``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``), every
