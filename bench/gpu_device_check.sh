@@ -11,8 +11,15 @@
 #      GPU), gpt2-tiny, 3 measured; rows stored under |real|gloo|cuda.
 #   3. `autosync profile --in-job` under torchrun, 1 rank, NCCL.
 #     AUTOSYNC_SOURCE_COMMIT=$(git rev-parse --short HEAD)  (pass it in the command: the copy has no .git)
+# Writes its own result file, $OUT/gpu_device_check.md: the command, commit and date first, then everything it
+# prints (copy it to bench/results/ as it is; a summary written by hand goes under it, never instead of it).
 set -u
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+COMMIT=${AUTOSYNC_SOURCE_COMMIT:-unknown}
+{ echo "Command: \`AUTOSYNC_SOURCE_COMMIT=$COMMIT bash bench/gpu_device_check.sh\`  "; echo "Commit: \`$COMMIT\`  "
+  echo "Date: $(date -u '+%Y-%m-%d %H:%M UTC')"; echo; echo "# GPU checks (bench/gpu_device_check.sh), as printed"
+  echo; echo '```'; } > "$OUT/gpu_device_check.md"
+exec > >(tee -a "$OUT/gpu_device_check.md") 2>&1
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -32,3 +39,5 @@ time timeout 120 torchrun --nproc-per-node 1 -m autosync.cli profile --in-job --
   --cluster 1x1@100gbit --out "$OUT/profile_nccl.json" > "$OUT/profile.log" 2>&1
 echo "rc $?"; tail -15 "$OUT/profile.log"
 (cd "$D" && tar czf "$OUT/in_job_data.tgz" data)
+echo '```'
+exec >&- 2>&-; wait   # let tee write the last lines before the script ends
