@@ -117,11 +117,11 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
     and, with ``measure=0``, pick by the ``zero_shot`` rule (``point`` estimate or ``lower`` bound). Returns
     ``(TuneResult, Profile)``.
     """
-    from autosync.efficiency import EfficiencyMeter
+    from autosync.efficiency.meter import EfficiencyMeter
     from autosync.models.efficiency_model import EfficiencyModel, fit_store
     from autosync.executor.launch import TrialFailure
     from autosync.models import training
-    from autosync.profiler.profile import nominal_profile
+    from autosync.profiler.measure import nominal_profile
     from autosync.search.collect import context_profile
     from autosync.search.trials import TrialSettings
     from autosync.search.tuner import check_storage, tune as _tune_loop
@@ -247,7 +247,7 @@ def profile(workload_or_model, cluster: str | Cluster = "2x1@1gbit", make_batch:
     loopback, or in the job's own ranks with ``pool`` from :func:`job`), or ``nominal`` from the spec;
     ``out`` also saves it as JSON (checked first)."""
     from autosync.executor.launch import TrialFailure
-    from autosync.profiler.profile import nominal_profile, run_profile
+    from autosync.profiler.measure import nominal_profile, run_profile
 
     cluster = _cluster(cluster)
     if out is not None:

@@ -416,11 +416,11 @@ def _add_efficiency(sub) -> None:
 
 
 def _cmd_efficiency(args) -> int:
-    from autosync import efficiency
+    from autosync.efficiency.collect import collect
 
     store = _data_store(args.data)
     store.read()  # a damaged dataset is reported before anything runs
-    counts = efficiency.collect(store, args.workloads, args.worlds, args.per_group, args.seed, args.timeout,
+    counts = collect(store, args.workloads, args.worlds, args.per_group, args.seed, args.timeout,
                                 progress=lambda text: print(text, file=sys.stderr, flush=True),
                                 again=args.again)
     print(f"efficiency: {counts['ok']} measured, {counts['failed'] + counts['timeout']} failed, {counts['flat']} with a "
@@ -679,7 +679,7 @@ def _cmd_tune(args) -> int:
         plot_predicted_vs_measured(result, plot_path)
         console.print(f"plot -> {plot_path}")
     from autosync.datasets.store import DatasetStore
-    from autosync.report import write_report
+    from autosync.present.report import write_report
 
     data = DatasetStore(args.data, create=False) if Path(args.data).is_dir() else None
     write_report(result, profile, report_path, data)

@@ -15,6 +15,10 @@ unshaped or GPU measurement can never be filed under a shaped CPU one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autosync.strategy import Strategy
 
 NETWORKS = ("emulated", "unshaped", "real", "nominal", "emulated-beyond")
 DEFAULT_ENV = ("emulated", "gloo", "cpu")
@@ -23,6 +27,11 @@ DEFAULT_ENV = ("emulated", "gloo", "cpu")
 def workload_batch(workload: str, batch_size: int) -> str:
     """The ``workload|b<batch>`` prefix every key of autosync starts with (contexts, efficiency keys)."""
     return f"{workload}|b{batch_size}"
+
+
+def device_kind(device) -> str:
+    """``cuda`` or ``cpu``: what a Context records of a device (``cuda:1`` is ``cuda``)."""
+    return "cuda" if str(device).startswith("cuda") else "cpu"
 
 
 @dataclass(frozen=True)
@@ -72,5 +81,33 @@ class Context:
     @classmethod
     def on(cls, pool, workload, batch_size: int, cluster) -> "Context":
         """The context a rank pool (local, emulated or a job's own ranks) measures in."""
-        device = "cuda" if str(getattr(pool, "device", "cpu")).startswith("cuda") else "cpu"
-        return cls.of(workload, batch_size, cluster, pool.network, getattr(pool, "backend", "gloo"), device)
+        return cls.of(workload, batch_size, cluster, pool.network, getattr(pool, "backend", "gloo"),
+                      device_kind(getattr(pool, "device", "cpu")))
+
+
+#: where a timing-dependent efficiency was measured when not on a cluster
+LOOPBACK = "loopback"
+
+
+def efficiency_key(workload: str, batch_size: int, world: int, ranks_per_host: int, strategy: "Strategy",
+                   cluster: str | None = None) -> str:
+    """Where one efficiency measurement (:mod:`autosync.efficiency`) applies: workload, batch, world (and hosts,
+    for a mode that uses them) and the strategy's lossy choices. The network does not enter for a synchronous
+    mode: its math does not depend on it. An asynchronous mode's (asp) does: its staleness follows the ranks'
+    relative speeds and the links, so its key also names where it was measured (``|on:<cluster spec>``, or
+    ``|on:loopback`` when it was trained on unshaped loopback ranks)."""
+    hosts = f"x{ranks_per_host}" if strategy.sync.kind.needs_hosts else ""
+    where = f"|on:{cluster or LOOPBACK}" if strategy.sync.kind.asynchronous else ""
+    return f"{workload_batch(workload, batch_size)}|w{world}{hosts}|{strategy.lossy_key()}{where}"
+
+
+def reference_key(workload: str, batch_size: int, world: int, seed: int) -> str:
+    """The efficiency key of the DDP default's reference run from ``seed``."""
+    return f"{workload_batch(workload, batch_size)}|w{world}|reference|seed{seed}"
+
+
+def efficiency_place(ekey: str) -> str | None:
+    """Where the row of efficiency key ``ekey`` was measured, as :func:`efficiency_key` wrote it: a cluster's
+    spec or ``loopback`` for an asynchronous mode, None for any other (measured anywhere alike)."""
+    _, sep, where = ekey.rpartition("|on:")
+    return where if sep else None

@@ -114,7 +114,7 @@ class Group:
         plan = _choice(f"{path}.plan", raw.get("plan", "allreduce"), registry.PLANS)
         kind = registry.plan(plan)
         comp = Compressor.parse(raw.get("compressor", "none"), f"{path}.compressor")
-        if not registry.compressor(comp.name).works_with(plan):
+        if not registry.compressor(comp.name).works_with(kind):
             allowed = registry.compressor(comp.name).plans or ()
             _fail(f"{path}.compressor.name", f"{comp.name} works only with plan {' or '.join(allowed)}, not {plan}")
         partitions = _int(f"{path}.partitions", raw.get("partitions", 1), 1, 4096)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from autosync.cluster import parse_cluster
 from autosync.executor.emulate import emulate
-from autosync.profiler import NetworkProfile, Profile, profile_model
+from autosync.profiler import NetworkProfile, Profile
+from autosync.profiler.measure import profile_model
 from autosync.search.baselines import baselines
 from autosync.search.trials import TrialSettings, measure_strategy
 from _results import RESULTS, write as write_result

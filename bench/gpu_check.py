@@ -117,7 +117,7 @@ def main() -> int:
     from autosync.cluster import parse_cluster
     from autosync.executor.device import describe
     from autosync.executor.launch import RankPool
-    from autosync.profiler.profile import run_profile
+    from autosync.profiler.measure import run_profile
 
     batch = args.batch_size or workloads.default_batch_size(args.workload)
     gpus = 0 if cpu else torch.cuda.device_count()

@@ -9,7 +9,7 @@ from pathlib import Path
 from autosync import workloads
 from autosync.cluster import parse_cluster
 from autosync.executor.emulate import emulate
-from autosync.profiler import run_profile
+from autosync.profiler.measure import run_profile
 from _results import RESULTS, write as write_result
 
 

@@ -32,7 +32,7 @@ from _results import RESULTS, load_rows, run_contexts, speedup_bars, write
 
 from autosync import workloads as W
 from autosync.plans.sfb import poseidon_rule
-from autosync.profiler.profile import nominal_profile
+from autosync.profiler.measure import nominal_profile
 from autosync.search.baselines import baselines
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.strategy import Strategy
@@ -87,7 +87,8 @@ def measure_selective(pool, cluster, spec, wl, args, work, prior=None):
 
     from autosync.context import Context
     from autosync.datasets.store import DatasetStore
-    from autosync.efficiency import EfficiencyMeter, target
+    from autosync.efficiency import target
+    from autosync.efficiency.meter import EfficiencyMeter
     from autosync.search.collect import context_profile
 
     def say(msg):

@@ -3,7 +3,7 @@
 Per (workload, cluster) context, on one emulated cluster (CPU limits on the ranks of the slow host,
 or a thread that slows one random rank at a time; see autosync/executor/emulate.py) and one kept-alive
 rank pool, each arm *trains* with the efficiency protocol (same initial weights, data order and Adam
-lr 1e-3 as the efficiency references; autosync/efficiency.py) until the consensus model's smoothed
+lr 1e-3 as the efficiency references; autosync/efficiency/) until the consensus model's smoothed
 held-out loss reaches L* (the reference's loss at 3/4 of the efficiency horizon), timed with the
 clock paused during evaluations:
 
@@ -31,7 +31,8 @@ from autosync import workloads as W
 from autosync.api import load_model
 from autosync.context import Context
 from autosync.datasets.store import DatasetStore
-from autosync.efficiency import EfficiencyMeter, target
+from autosync.efficiency import target
+from autosync.efficiency.meter import EfficiencyMeter
 from autosync.models import training
 from autosync.models.efficiency_model import EfficiencyModel, fit_store
 from autosync.datasets import SHIPPED_DATA

@@ -7,7 +7,7 @@ Per (workload, cluster) context, on one emulated cluster and one kept-alive rank
   tune ttl         `tune --objective time-to-loss`: goodput, lossy finalists' efficiency measured
   tune thr         `tune --objective throughput`: samples/s alone (what autosync did before)
 Each pick then *trains* on the emulated cluster with the efficiency protocol (same initial weights,
-data order and Adam lr 1e-3 as the efficiency references; see autosync/efficiency.py) until the
+data order and Adam lr 1e-3 as the efficiency references; see autosync/efficiency/) until the
 consensus model's smoothed held-out loss reaches L* (the reference's loss at 3/4 of the efficiency
 horizon), timed with the clock paused during evaluations. A pick that has not reached L* after
 ``--cap`` times the default's time (or twice the horizon in steps) reads "never" with the loss it reached.
@@ -29,7 +29,9 @@ from autosync import workloads as W
 from autosync.api import load_model
 from autosync.context import Context
 from autosync.datasets.store import DatasetStore
-from autosync.efficiency import CurveSpec, EfficiencyMeter, measure_curve, smooth, target
+from autosync.efficiency import CurveSpec, smooth, target
+from autosync.efficiency.meter import EfficiencyMeter
+from autosync.efficiency.train import measure_curve
 from autosync.models import training
 from autosync.models.efficiency_model import EfficiencyModel, fit_store
 from autosync.datasets import SHIPPED_DATA

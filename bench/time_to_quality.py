@@ -22,7 +22,7 @@ model's smoothed held-out loss reaches L* (the references' loss at 3/4 of the ef
 the training time to L* ("train x": the default's median time / the pick's) and end to end ("e2e x": search time
 plus training time, against the default's training time; the reference curves are not counted, every arm needs
 them). A context whose DDP default would spend more than the campaign's limit per step on the wire is left out
-(autosync.datasets.campaign.too_slow), and so is one whose references are flat (their loss falls less than
+(tools/campaign.py: too_slow), and so is one whose references are flat (their loss falls less than
 ``FLAT_DROP`` by L*: ncf until session 30, when its ids were uniform); the table says which and why.
 
 Resumable: finished contexts are kept in ``--work`` (rows.jsonl, committed) and skipped; a context takes 5-50 min
@@ -54,16 +54,18 @@ import optuna
 from autosync import workloads as W
 from autosync.cluster import Cluster, ClusterSpecError
 from autosync.context import Context
-from autosync.datasets.campaign import model_bytes, too_slow
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from campaign import model_bytes, too_slow  # noqa: E402
 from autosync.datasets.store import DatasetStore, safe_name
-from autosync.efficiency import REFERENCE_SEEDS, EfficiencyMeter, is_flat, reference_key, target
+from autosync.efficiency import REFERENCE_SEEDS, is_flat, reference_key, target
+from autosync.efficiency.meter import EfficiencyMeter
 from autosync.models import training
 from autosync.models.efficiency_model import EfficiencyModel, fit_store
 from autosync.models.ranker import CostModel
 from autosync.models import uncertainty
 from autosync.datasets import SHIPPED_DATA
 from autosync.profiler import Profile
-from autosync.profiler.profile import nominal_profile
+from autosync.profiler.measure import nominal_profile
 from autosync.search.baselines import baselines
 from autosync.search.collect import context_profile
 from autosync.search.space import suggest

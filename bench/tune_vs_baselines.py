@@ -33,7 +33,7 @@ from autosync.models import training
 from autosync.models.ranker import CostModel
 from autosync.datasets import SHIPPED_DATA
 from autosync.profiler import Profile
-from autosync.profiler.profile import run_profile
+from autosync.profiler.measure import run_profile
 from autosync.search.baselines import baselines
 from autosync.search.space import suggest
 from autosync.search.trials import TrialSettings, measure_strategy

@@ -4,7 +4,7 @@ Each workload trains from seed 0 at its default batch size with the efficiency p
 the workload's learning rate, `efficiency.lr_of`) for the horizon (240 steps); the held-out loss (8 batches'
 worth, at most 512 samples, a fixed generator no training batch uses) is read 4 times. "falling" = the last
 quarter still lowered it by >= 1%; "drop by L*" = the fall up to 3/4 of the horizon, which the efficiency
-protocol needs to be >= 2% (`autosync/efficiency.py`: FLAT_DROP).
+protocol needs to be >= 2% (`autosync/efficiency/__init__.py`: FLAT_DROP).
 
     python bench/workload_curves.py [--workloads ...] [--steps 240]  ->  bench/results/workload_curves.md
 """

@@ -143,7 +143,7 @@ def store_with_profile():
     emulated one, so that commands start measuring at once instead of profiling first."""
     from autosync.cluster import parse_cluster
     from autosync.datasets.store import DatasetStore
-    from autosync.profiler.profile import nominal_profile
+    from autosync.profiler.measure import nominal_profile
 
     def make(root, workload, cluster):
         store = DatasetStore(root)

@@ -9,7 +9,7 @@ from autosync.context import Context
 from autosync.datasets.store import DatasetStore
 from autosync.executor import emulate
 from autosync.models import training
-from autosync.profiler.profile import nominal_profile
+from autosync.profiler.measure import nominal_profile
 
 
 def test_the_shipped_form_of_the_id_and_every_other_environment_apart():

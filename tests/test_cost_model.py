@@ -113,7 +113,7 @@ def test_selective_islands_come_from_the_paths_and_enter_space_baselines_simulat
     from autosync.models.features import featurize
     from autosync.models.simulator import simulate
     from autosync.plans.selective import frontier, profile_frontier
-    from autosync.profiler.profile import nominal_profile
+    from autosync.profiler.measure import nominal_profile
     from autosync.search.baselines import baselines
     from autosync.search.space import random_strategies
     from autosync.strategy import Strategy

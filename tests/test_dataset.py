@@ -137,8 +137,8 @@ def test_remeasure_replaces_a_workloads_rows_profiles_and_efficiency_everywhere_
     ones (in every folder that held them); its efficiency rows go, other workloads' stay; a second call measures
     nothing."""
     from autosync.cluster import parse_cluster
-    from autosync.datasets.remeasure import remeasure
-    from autosync.profiler.profile import nominal_profile
+    from tools.remeasure import remeasure
+    from autosync.profiler.measure import nominal_profile
     from autosync.strategy import Strategy
 
     cluster = "2x1@1gbit"

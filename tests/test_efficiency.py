@@ -2,8 +2,9 @@
 import pytest
 
 from autosync.datasets.store import DatasetStore
-from autosync.efficiency import (PROTOCOL, Curve, CurveSpec, EfficiencyMeter, compare, key, lr_of, measure_curve,
-                                 reusable, steps_to, target)
+from autosync.efficiency import PROTOCOL, Curve, CurveSpec, compare, key, lr_of, reusable, steps_to, target
+from autosync.efficiency.meter import EfficiencyMeter
+from autosync.efficiency.train import measure_curve
 from autosync.executor.launch import RankPool
 from autosync.strategy import Strategy
 from conftest import SMALL   # the protocol's arithmetic does not need mlp's 5.8M parameters
@@ -133,7 +134,7 @@ def test_meter_stores_measures_once_and_reads_it_back(tmp_path):
 
 
 def test_collect_again_measures_the_censored_rows_again_and_nothing_else(tmp_path):
-    from autosync.efficiency import collect
+    from autosync.efficiency.collect import collect
 
     store = DatasetStore(tmp_path / "d")
     topk = Strategy.from_dict({"groups": [{"compressor": {"name": "topk", "ratio": 0.01}}]})

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from autosync.cluster import parse_cluster
-from autosync.efficiency import CurveSpec, measure_curve
+from autosync.efficiency import CurveSpec
+from autosync.efficiency.train import measure_curve
 from autosync.executor.emulate import (EmulatedCluster, can_emulate, cgroup_root, has_netem, list_cgroups,
                                        list_namespaces, sweep)
 from autosync.executor.linkcheck import check_compute, check_links, check_paths
@@ -209,7 +210,7 @@ def test_sfb_crossover_follows_poseidons_rule_measured_and_simulated():
     rather than 1024 since 2026-12-03: a quarter of the traffic, the same bracket, 47 -> ~22 s in the suite."""
     from autosync.models.simulator import simulate
     from autosync.plans.sfb import poseidon_rule
-    from autosync.profiler.profile import nominal_profile
+    from autosync.profiler.measure import nominal_profile
 
     wide = "tests/fixtures/sfb_model.py:wide"
     sfb = Strategy.from_dict({"groups": [{"plan": "sfb"}]})
@@ -243,7 +244,7 @@ def test_selective_islands_skip_the_slow_path_measured_and_simulated():
     more than twice as fast as DDP's all-reduce over it, measured and simulated alike (a model of 2 MB of
     gradients and little compute)."""
     from autosync.models.simulator import simulate
-    from autosync.profiler.profile import nominal_profile
+    from autosync.profiler.measure import nominal_profile
 
     wide = "tests/fixtures/small.py:build_wide"
     cluster = parse_cluster("3x1@1gbit;node2=20mbit")

@@ -9,7 +9,8 @@ import pytest
 
 from autosync.cluster import parse_cluster
 from autosync.executor.emulate import EmulatedCluster, can_emulate
-from autosync.profiler import NetworkProfile, Profile, ProfileError, load_profile, profile_model, profile_network
+from autosync.profiler import NetworkProfile, Profile, ProfileError, load_profile
+from autosync.profiler.measure import profile_model, profile_network
 
 pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
 FAULTS = "tests/fixtures/faulty.py"

@@ -11,7 +11,7 @@ from autosync.cluster import parse_cluster
 from autosync.models.features import featurize
 from autosync.models.simulator import simulate
 from autosync.plans.base import PlanDef
-from autosync.profiler.profile import nominal_profile
+from autosync.profiler.measure import nominal_profile
 from autosync.search.space import random_strategies
 from autosync.strategy import Strategy, StrategyError
 

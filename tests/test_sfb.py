@@ -75,7 +75,7 @@ def test_sfb_takes_no_compressor_and_no_delayed_or_asynchronous_mode():
 
 def test_profile_counts_factor_rows_and_the_rule_picks_wide_layers_with_few_rows():
     from autosync.plans.sfb import poseidon_rule
-    from autosync.profiler.model import profile_model
+    from autosync.profiler.measure import profile_model
 
     prof = profile_model("tests/fixtures/sfb_model.py:build", batch_size=4, repeats=1, warmup=0)
     rows = {p.name: p.factor_rows for p in prof.params}

@@ -79,7 +79,7 @@ def test_expected_improvement_measures_a_wide_interval_that_could_beat_the_best_
     intervals) the order is the point estimate's."""
     from autosync.api import load_model
     from autosync.cluster import parse_cluster
-    from autosync.profiler.profile import nominal_profile
+    from autosync.profiler.measure import nominal_profile
     from autosync.search.tuner import Tuner
     from autosync.strategy import Strategy
 

@@ -83,7 +83,7 @@ def test_the_recommender_has_several_tables_and_draws_ids_by_a_power_law():
 
 def test_the_campaign_leaves_out_contexts_whose_default_cannot_fit_a_trial():
     from autosync.cluster import Cluster
-    from autosync.datasets.campaign import default_comm_s, too_slow
+    from tools.campaign import default_comm_s, too_slow
 
     mb = 1 << 20
     assert abs(default_comm_s(100 * mb, Cluster.parse("2x1@1gbit")) - 100 * mb * 8 / 1e9) < 1e-9
@@ -93,7 +93,7 @@ def test_the_campaign_leaves_out_contexts_whose_default_cannot_fit_a_trial():
 
 
 def test_a_resumed_campaign_logs_only_contexts_it_measured_something_in():
-    from autosync.datasets.campaign import _resumed_only
+    from tools.campaign import _resumed_only
 
     assert _resumed_only({"ok": 0, "failed": 0, "timeout": 0, "skipped": 17})
     assert not _resumed_only({"ok": 3, "failed": 0, "timeout": 0, "skipped": 14}), "a partly resumed context is logged"
@@ -104,7 +104,7 @@ def test_a_resumed_campaign_logs_only_contexts_it_measured_something_in():
 def test_the_campaign_status_counts_what_the_dataset_and_its_log_hold(tmp_path):
     import json
 
-    from autosync.datasets.campaign import status
+    from tools.campaign import status
     from autosync.datasets.schema import COLUMNS
     from autosync.datasets.store import DatasetStore
     from autosync.strategy import Strategy

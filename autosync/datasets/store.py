@@ -30,7 +30,9 @@ import pyarrow.parquet as pq
 
 from autosync.datasets.schema import (EFFICIENCY_KEY, EFFICIENCY_SCHEMA, EFFICIENCY_VERSION, JOINED, KEY, SCHEMA,
                                       SCHEMA_VERSION, READABLE_VERSIONS)
+from autosync.context import LOOPBACK, efficiency_key
 from autosync.errors import UserError
+from autosync.strategy import loads_strategy
 
 MAIN = "trials.parquet"
 EFFICIENCY_MAIN = "efficiency.parquet"
@@ -146,8 +148,6 @@ def safe_name(context_id: str) -> str:
 
 def _upgrade_v1(table: pa.Table) -> pa.Table:
     """A version-1 trials table as version 2: its efficiency keys computed from its columns."""
-    from autosync.efficiency import key as efficiency_key
-    from autosync.strategy import loads_strategy
 
     cols = {c: table.column(c).to_pylist() for c in ("workload", "batch_size", "world_size", "ranks_per_node",
                                                        "strategy")}
@@ -157,8 +157,6 @@ def _upgrade_v1(table: pa.Table) -> pa.Table:
 
 def _measured_on(row: dict) -> str | None:
     """Where a trial's timing-dependent efficiency applies: its cluster, unless it ran unshaped (loopback)."""
-    from autosync.efficiency import LOOPBACK
-
     return LOOPBACK if "|unshaped|" in str(row.get("context_id", "")) else row.get("cluster")
 
 
@@ -220,9 +218,6 @@ class DatasetStore:
         for row in rows:
             needed = ("workload", "batch_size", "world_size", "ranks_per_node", "strategy")
             if row.get("efficiency_key") is None and all(row.get(k) is not None for k in needed):
-                from autosync.efficiency import key as efficiency_key
-                from autosync.strategy import loads_strategy
-
                 row["efficiency_key"] = efficiency_key(row["workload"], row["batch_size"], row["world_size"],
                                                        row["ranks_per_node"], loads_strategy(row["strategy"]),
                                                        _measured_on(row))

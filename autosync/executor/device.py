@@ -16,6 +16,8 @@ import os
 import time
 from typing import Any
 
+from autosync.context import device_kind
+
 
 def default_device(local_rank: int | None = None) -> str:
     """``cuda:<local rank>`` when CUDA is available (or asked for), else ``cpu``."""
@@ -53,8 +55,8 @@ def p2p_device(backend: str, device: str) -> str:
 
 
 def kind(device: str) -> str:
-    """``cuda`` or ``cpu``: what a Context records."""
-    return "cuda" if str(device).startswith("cuda") else "cpu"
+    """``cuda`` or ``cpu``: what a Context records (:func:`autosync.context.device_kind`)."""
+    return device_kind(device)
 
 
 def describe(device: str) -> dict[str, Any]:

@@ -40,10 +40,12 @@ from pathlib import Path
 
 from autosync.cluster import Cluster, Link
 from autosync.errors import UserError, sigterm_as_interrupt
+from autosync.executor.fidelity import beyond
 from autosync.executor.launch import RankPlacement, RankPool, pid_alive
+from autosync.executor.netns import PREFIX, EmulationError
+from autosync.executor.netns import run as _run
 
 log = logging.getLogger(__name__)
-PREFIX = "autosync-"
 SUBNET = "198.18.0"
 HOST_IF = "veth0"
 # Every namespace and cgroup autosync makes is named autosync-<pid of its creator>-...: clusters
@@ -52,16 +54,6 @@ HOST_IF = "veth0"
 _NAME = re.compile(rf"^{PREFIX}(\d+)-")
 CFS_PERIOD_US = 10_000   # short periods: a limited rank is throttled in 10 ms slices, not 100 ms bursts
 
-
-class EmulationError(RuntimeError):
-    """The emulated network could not be built."""
-
-
-def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise EmulationError(f"{' '.join(cmd)}: {proc.stderr.strip() or proc.returncode}")
-    return proc
 
 
 def list_namespaces() -> list[str]:
@@ -364,8 +356,6 @@ class EmulatedCluster:
         if not self.netem and any(l.latency_s or l.jitter_s for l in links):
             raise EmulationError("this kernel has no netem qdisc: latency and jitter cannot be emulated here "
                                  "(bandwidth and loss can; drop them from the cluster spec)")
-        from autosync.executor.fidelity import beyond
-
         self.beyond = beyond(self.cluster)
         if self.beyond:
             self.network = "emulated-beyond"

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 from autosync.cluster import Cluster
+from autosync.executor.netns import PREFIX, EmulationError
+from autosync.executor.netns import run as _run
 
 log = logging.getLogger(__name__)
 RANKS_PER_CORE = 2
@@ -69,8 +71,6 @@ def machine_key() -> str:
 
 def probe_rate(seconds: float = PROBE_SECONDS) -> float:
     """Bit/s one TCP stream carries between two network namespaces over an unshaped veth."""
-    from autosync.executor.emulate import PREFIX, EmulationError, _run
-
     base = f"{PREFIX}{os.getpid()}-0-probe"
     a, b = f"{base}a", f"{base}b"
     try:

@@ -27,6 +27,7 @@ import numpy as np
 
 from autosync.executor.launch import RankContext, RankPool, TrialFailure
 from autosync.executor.memory import peak_rss_mb, reset_peak_rss
+from autosync.executor.recipe import data_generator, lr_of, make_optimizer
 from autosync.strategy import Strategy
 
 
@@ -52,15 +53,13 @@ class TrialSpec:
         """The optimizer and learning rate the trial trains with: the spec's own when it names either (SGD and
         0.01 for the other), else SGD (momentum 0.9) at 0.01; but a mode whose communication follows the
         trajectory (``follows_trajectory``: adaptive) trains as the efficiency protocol does, with Adam at the
-        workload's learning rate (:func:`autosync.efficiency.lr_of`), so that its throughput and its efficiency
+        workload's learning rate (:func:`autosync.executor.recipe.lr_of`), so that its throughput and its efficiency
         come from the same kind of run. (On mlp, 2x1@1gbit, adaptive(max_period 16, threshold 0.01) averaged
         once in 16 steps under SGD at 0.01, 2,180 samples/s, and almost every step under Adam at 1e-3, 609
         samples/s, against the default's 639-708.)"""
         if self.optimizer is not None or self.lr is not None:
             return self.optimizer or "sgd", self.lr if self.lr is not None else 0.01
         if Strategy.from_dict(self.strategy).sync.kind.follows_trajectory:
-            from autosync.efficiency import lr_of
-
             return "adam", lr_of(self.workload)
         return "sgd", 0.01
 
@@ -91,14 +90,6 @@ class TrialResult:
         return self.status == "ok"
 
 
-def _make_optimizer(name: str, lr: float, params):
-    import torch
-
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    return torch.optim.SGD(params, lr=lr, momentum=0.9)
-
-
 def _whole_periods(steps: int, period: int) -> int:
     """``steps`` rounded down to whole periods, at least one period."""
     return max(period, steps // period * period) if period > 1 else steps
@@ -118,7 +109,7 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
     strategy = Strategy.from_dict(spec.strategy)
     model, make_batch = workloads.build(spec.workload, seed=spec.seed)
     model.to(device)
-    optimizer = _make_optimizer(*spec.recipe(), model.parameters())
+    optimizer = make_optimizer(*spec.recipe(), model.parameters())
     if spec.builtin_ddp:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -127,7 +118,7 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
                   static_graph=f.static_graph, init_sync=False)
     else:  # every rank built the model from the same seed: DDP's initial broadcast is not needed
         ddp, optimizer = apply(model, optimizer, strategy, init_sync=False, force_worker=spec.force_worker)
-    gen = torch.Generator().manual_seed(spec.seed * 100_003 + ctx.rank)
+    gen = data_generator(spec.seed, ctx.rank)
     period = strategy.sync.kind.steps_per_round(strategy.sync)
     total = spec.warmup_steps + _whole_periods(spec.steps, period)
     times, losses = [], []

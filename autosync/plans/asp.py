@@ -20,7 +20,7 @@ is broadcast so that all ranks end with the same parameters. ::
     step cost  += 2 max(1, W - 1) t_sr(M)   (push and pull of the model M through the server's link)
 
 Not with ZeRO. Its statistical efficiency depends on timing, so it is measured on the cluster
-itself (time-based evaluation windows; :func:`autosync.efficiency.train_curve`), not on loopback.
+itself (time-based evaluation windows; :func:`autosync.efficiency.train.train_curve`), not on loopback.
 """
 from __future__ import annotations
 

@@ -114,12 +114,11 @@ class CompressorDef(Entry):
     #: bucket size enters the strategy's lossy key (:meth:`autosync.strategy.Strategy.lossy_key`)
     bucket_dependent: ClassVar[bool] = False
 
-    def works_with(self, plan: str) -> bool:
-        from autosync import plans as registry
-
-        if not (self.identity or registry.plan(plan).compressible):
+    def works_with(self, plan: PlanDef) -> bool:
+        """Whether this compressor may change what ``plan`` (a registry entry) sends."""
+        if not (self.identity or plan.compressible):
             return False
-        return self.plans is None or plan in self.plans
+        return self.plans is None or plan.name in self.plans
 
     def parse_field(self, field: str, value: Any, path: str) -> Any:
         raise NotImplementedError

@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autosync.cluster import Cluster, parse_cluster
-from autosync.context import Context
+from autosync.context import Context, device_kind
 from autosync.errors import UserError
-from autosync.executor.launch import RankContext, RankPool
-from autosync.profiler.model import ModelProfile, profile_model
-from autosync.profiler.network import NetworkProfile, profile_network
+from autosync.profiler.model import ModelProfile
+from autosync.profiler.network import NetworkProfile
 
 PROFILE_VERSION = 1
 
@@ -27,10 +26,9 @@ def environment(network: str = "emulated", backend: str = "gloo", device: str = 
     Context; ``extra`` records more of what was real (device name and count, NCCL version, hosts x ranks)."""
     import torch
 
-    from autosync.executor.device import kind
-
-    return {"torch": torch.__version__, "network": network, "backend": backend, "device": kind(device),
+    return {"torch": torch.__version__, "network": network, "backend": backend, "device": device_kind(device),
             "cores": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(), **extra}
+
 
 
 @dataclass
@@ -95,41 +93,3 @@ def load_profile(path: str | Path) -> Profile:
     except json.JSONDecodeError as e:
         raise ProfileError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
     return Profile.from_dict(d, str(path))
-
-
-def _model_task(ctx: RankContext, workload: str, batch_size: int | None) -> dict:
-    """Every rank profiles its own copy at once, on its own device, so compute shares what it shares in training."""
-    return profile_model(workload, batch_size, device=ctx.device).to_dict()
-
-
-def run_profile(pool: RankPool, cluster: Cluster, workload: str, batch_size: int | None = None,
-                measure_network: bool = True, timeout: float = 600.0) -> Profile:
-    """Profile ``workload`` and the network of ``pool`` (or the spec's nominal numbers).
-
-    The profile's context takes the pool's ``network`` label (emulated, unshaped, real). On a
-    cluster of uneven compute the model profile is the fastest rank's (a full-speed host) and
-    the environment records ``host_speeds``: per host, the median over its ranks of the fastest
-    rank's compute time over theirs (measured while every rank profiles at once). With three hosts or
-    more it records ``path_bps``, the bandwidth of every host-to-host path (:meth:`Profile.path_bps`).
-    """
-    models = [ModelProfile.from_dict(d) for d in pool.run(_model_task, workload, batch_size, timeout=timeout)]
-    extra = dict(getattr(pool, "facts", {}))
-    model = models[0]
-    if cluster.uneven_compute:
-        model = min(models, key=lambda mp: mp.compute_s)
-        rph = cluster.ranks_per_node
-        extra["host_speeds"] = [round(statistics.median(model.compute_s / mp.compute_s
-                                                        for mp in models[h * rph:(h + 1) * rph]), 4)
-                                for h in range(cluster.nodes)]
-    if measure_network and cluster.nodes >= 3:   # islands of selective receivers need per-path numbers
-        from autosync.executor.linkcheck import check_paths
-
-        extra["path_bps"] = check_paths(pool, cluster, timeout=timeout)
-    network = profile_network(pool, timeout=timeout) if measure_network else NetworkProfile.nominal(cluster)
-    env = environment(pool.network if measure_network else "nominal", pool.backend, pool.device, **extra)
-    return Profile(model, network, cluster, env)
-
-
-def nominal_profile(cluster: Cluster, workload: str, batch_size: int | None = None) -> Profile:
-    """Prediction-only profile: the model profiled here, the network from the spec's numbers."""
-    return Profile(profile_model(workload, batch_size), NetworkProfile.nominal(cluster), cluster, environment("nominal"))

@@ -18,7 +18,7 @@ from autosync.context import Context
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import emulate
 from autosync.profiler import Profile
-from autosync.profiler.profile import run_profile
+from autosync.profiler.measure import run_profile
 from autosync.search.baselines import baselines
 from autosync.search.space import random_strategies
 from autosync.search.trials import Journal, TrialSettings, run_trials

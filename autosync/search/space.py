@@ -56,7 +56,7 @@ def suggest(trial: optuna.trial.BaseTrial, profile: Profile, lossless: bool = Fa
                    if p.applicable(cluster.nodes, cluster.ranks_per_node, is_emb) and p.offered(params)]
         plan = trial.suggest_categorical(f"g{gi}_plan{'_emb' if is_emb else ''}", choices)
         group: dict = {"match": names, "plan": plan, **registry.plan(plan).suggest(trial, f"g{gi}", world)}
-        comps = [c.name for c in registry.COMPRESSORS.values() if c.works_with(plan) and not (lossless and c.lossy)]
+        comps = [c.name for c in registry.COMPRESSORS.values() if c.works_with(registry.plan(plan)) and not (lossless and c.lossy)]
         comp = trial.suggest_categorical(f"g{gi}_compressor_{plan}", comps)
         fields = registry.compressor(comp).suggest(trial, f"g{gi}")
         group["compressor"] = {"name": comp, **fields} if fields else comp

@@ -16,7 +16,7 @@ from autosync.datasets.schema import COLUMNS, SCHEMA
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import can_emulate
 from autosync.models.train import PRETRAINED
-from autosync.profiler.profile import nominal_profile
+from autosync.profiler.measure import nominal_profile
 
 
 def _rows(n=3):

@@ -9,7 +9,7 @@ import pytest
 from autosync.cluster import parse_cluster
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import can_emulate
-from autosync.profiler.profile import nominal_profile
+from autosync.profiler.measure import nominal_profile
 from autosync.search.collect import candidates_for
 
 pytestmark = pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")

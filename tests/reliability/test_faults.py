@@ -13,7 +13,7 @@ import pytest
 from autosync.cluster import parse_cluster
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import HOST_IF, PREFIX, EmulatedCluster, can_emulate, list_namespaces
-from autosync.profiler.profile import nominal_profile
+from autosync.profiler.measure import nominal_profile
 from conftest import FEW_CANDIDATES, processes_under
 
 pytestmark = pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")

@@ -1,6 +1,6 @@
 """Measure a workload's stored trials again, after its task changed (its batches, not its model: ncf's Zipf ids).
 
-    python -m autosync.datasets.remeasure WORKLOAD [--data DIR ...] [--work DIR] [--dry-run]
+    python tools/remeasure.py WORKLOAD [--data DIR ...] [--work DIR] [--dry-run]
 
 A workload's batches decide what some plans cost (row_sparse sends the rows a batch touched, and the profile's
 ``touched_rows`` is a feature of every row of the context), so when they change, every stored row of the workload
@@ -68,7 +68,7 @@ def remeasure(workload: str, data: list[Path], work: Path, progress=print) -> di
     from autosync.context import Context
     from autosync.executor.emulate import emulate
     from autosync.profiler import Profile
-    from autosync.profiler.profile import run_profile
+    from autosync.profiler.measure import run_profile
     from autosync.search.trials import TrialSettings, run_trials
     from autosync.strategy import loads_strategy
 
@@ -108,8 +108,8 @@ def remeasure(workload: str, data: list[Path], work: Path, progress=print) -> di
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m autosync.datasets.remeasure", description=__doc__.split("\n\n")[0],
-                                 epilog="Example: python -m autosync.datasets.remeasure ncf --data "
+    ap = argparse.ArgumentParser(prog="python tools/remeasure.py", description=__doc__.split("\n\n")[0],
+                                 epilog="Example: python tools/remeasure.py ncf --data "
                                         "autosync/datasets/data autosync/datasets/v2")
     ap.add_argument("workload", help="the built-in workload whose rows to measure again")
     ap.add_argument("--data", nargs="+", type=Path, default=[SHIPPED_DATA],

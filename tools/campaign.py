@@ -1,6 +1,6 @@
 """Dataset v2's collection campaign: which contexts, in which order, how many trials. It resumes.
 
-    python -m autosync.datasets.campaign [--data DIR] [--stop-after MINUTES] [--passes 1 2 3] [--dry-run | --status]
+    python tools/campaign.py [--data DIR] [--stop-after MINUTES] [--passes 1 2 3] [--dry-run | --status]
 
 Contexts: every built-in workload (:data:`autosync.workloads.BUILTINS`) on every cluster of
 :data:`CLUSTERS`, less those already in the shipped dataset (v1) and those :func:`too_slow` for this
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from autosync.cluster import Cluster
 
-V2_DATA = Path(__file__).parent / "v2"
+V2_DATA = Path(__file__).resolve().parent.parent / "autosync" / "datasets" / "v2"
 CLUSTERS = [
     # dataset v1's seven
     "2x1@50mbit", "2x1@100mbit", "2x1@1gbit;node1=100mbit", "4x1@500mbit", "2x1@1gbit", "2x2@1gbit", "2x1@10gbit",
@@ -137,7 +137,7 @@ def status(store, log: Path, planned: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autosync.datasets.campaign", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python tools/campaign.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(V2_DATA), help="dataset folder (default: autosync/datasets/v2)")
     ap.add_argument("--passes", type=int, nargs="+", default=list(range(1, len(PASSES) + 1)),

@@ -1,0 +1,254 @@
+"""Statistical efficiency: what a lossy strategy costs in convergence, measured.
+
+Throughput says how many samples a strategy processes per second; statistical efficiency
+says how much each sample is worth. Time to a target loss is their product::
+
+    efficiency      = n_ref(L*) / n_cand(L*)          samples to reach the target loss L*
+    time-to-target speedup = throughput speedup x efficiency     (goodput, as in Pollux)
+
+**Paired training.** The reference (the DDP default, lossless) and the candidate train on
+the same ranks (loopback, :class:`~autosync.executor.launch.RankPool` with the candidate's
+world size and hosts) from the same initial weights (``seed``), the same data order (each
+rank draws batches from its own generator seeded by ``seed`` and its rank) and the same
+learning rate, for ``horizon`` steps. Every ``eval_every`` steps the *consensus* model (the
+ranks' parameters averaged; identical to every rank's under BSP, the model local SGD would
+deploy) is evaluated on a fixed held-out set (its own seed, never trained on); the loss is
+the mean over it.
+
+**The target.** L* = the reference's evaluation loss at 3/4 of the horizon (the mean of its
+seeds' curves, each smoothed by a 3-point moving average). ``n(L*)`` is the first crossing of
+a curve, interpolated linearly between evaluations. A candidate that has not reached L* by the
+horizon trains on, step for step as before, until its curve has crossed L* (confirmed by the
+next evaluation) or ``EXTEND`` horizons have passed; only a candidate that never reaches L*
+within them has efficiency 0 (measured), with the loss it reached stored. The resolution is
+therefore 0 or >= 3 / (4 EXTEND) = 0.375. (Protocol 2 stopped every candidate at the horizon,
+so a candidate 0.6 as efficient read 0; such censored rows are measured again.) Signals and
+the final-loss ratio are taken over the horizon only, whatever the extension.
+
+**Noise.** The reference is trained from ``reference_seeds`` (>= 2) seeds; its seed-to-seed
+relative spread of ``n(L*)`` is the band ``h``. The candidate is paired with seed 0; a raw
+efficiency within ``1 +- h`` counts as 1.0 (``within_noise``), and every result carries
+``raw * (1 -+ h)`` as its band. The final evaluation-loss ratio (candidate / reference, last
+evaluation) has its own band from the reference's seeds.
+
+**Signals** (cheap, recorded at every evaluation step, averaged over the horizon): the
+relative error of the applied gradient against the exact mean of the ranks' gradients
+(``||g_applied - g_mean|| / ||g_mean||``: the compression error of a compressor; under local
+SGD, the deviation of the host-local gradient), the error-feedback residual norm, the
+local-SGD drift ``sqrt(mean_i ||theta_i - theta_bar||^2) / ||theta_bar||`` just after the step
+(eval steps fall at every phase of a period), and the gradient noise scale
+``B_simple = tr(Sigma) / |G|^2`` (McCandlish et al. 2018, Appendix A, the unbiased two-batch
+estimator AdaptDL uses, from per-rank gradients of batch B and their mean of batch W B).
+
+**Asynchronous modes** (asp): their efficiency depends on timing (how far behind each push is),
+so it is meaningful only on the cluster itself. There (``CurveSpec.timed``, which the meter sets
+for them once it has the cluster's ranks, and which ``stop_at`` implies) they train in windows of
+wall-clock time (the first ``eval_every`` steps long), each rank at its own pace, and a curve's
+step count is the ranks' total steps / W: a fast host's extra, staler steps count, as they would
+in a real run. Untimed (the loopback meter, key ``|on:loopback``), they train step for step like
+the others, the ranks kept in lockstep by the per-step loss reduction: an approximation, and the
+key says so. (Protocol 1 trained them step for step on the cluster too; such rows are not reused.)
+
+A reference whose evaluation loss falls less than ``FLAT_DROP`` (2%) of its start by L*
+cannot rank anything: its candidates are stored with status ``flat`` and no efficiency.
+The protocol trains with Adam, the optimizer most users train these models with, at the workload's
+learning rate (``lr_of``: 1e-3, bert-mini 1e-4); a stored row of another learning rate is not reused.
+
+Limits: a short horizon favours long sync periods and early gaps may overstate or understate
+final ones; efficiency is measured at one learning rate and optimizer.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autosync.context import LOOPBACK, efficiency_key as key, efficiency_place as place, reference_key
+from autosync.executor.recipe import DEFAULT_LR, lr_of
+
+REFERENCE_SEEDS = 2
+TARGET_AT = 0.75                 # L* = the reference's evaluation loss at this share of the horizon
+EVAL_SAMPLES = 512               # held-out samples, split over the ranks
+EVAL_SEED = 2_147_483_000        # the held-out set's generator seed: no training generator uses it
+DEFAULT_HORIZON = 240
+DEFAULT_EVAL_EVERY = 20
+FLAT_DROP = 0.02                 # a reference whose loss falls less than this share by L* cannot rank anything
+EXTEND = 2                       # a candidate short of L* at the horizon trains on, up to this many horizons
+PROTOCOL = 3                     # bump when the measurement changes: stored results of another protocol are not reused
+#                                  (2: asynchronous modes train on the cluster in timed windows; 3: a candidate short of
+#                                  L* at the horizon trains on, up to EXTEND horizons; see reusable())
+
+
+
+@dataclass(frozen=True)
+class CurveSpec:
+    """One training run of the efficiency protocol."""
+
+    workload: Any                 # a name or a workloads.InMemory
+    strategy: dict                # canonical dict
+    batch_size: int
+    horizon: int = DEFAULT_HORIZON
+    eval_every: int = DEFAULT_EVAL_EVERY
+    seed: int = 0
+    lr: float = DEFAULT_LR
+    optimizer: str = "adam"
+    signals: bool = True
+    stop_at: float | None = None      # timed mode: stop once the smoothed evaluation loss has reached this
+    timed: bool = False               # timed mode without a stop (implied by stop_at): asp in wall-clock windows
+    max_train_s: float | None = None  # timed mode: give up after this much training time
+    goal: float | None = None         # not reached by the horizon: train on until the smoothed evaluation loss has
+    extend_to: int | None = None      # crossed ``goal`` (confirmed by the next evaluation), at most ``extend_to`` steps
+
+
+@dataclass
+class Curve:
+    steps: list[int]
+    eval_loss: list[float]
+    train_loss: list[float]                         # mean over ranks, every step (rank 0's own in timed mode)
+    signals: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+    train_s: list[float] = field(default_factory=list)   # training time (evaluations excluded) at each evaluation
+
+    def time_to(self, target: float) -> float | None:
+        """Training seconds until the smoothed evaluation loss first reaches ``target`` (interpolated between
+        evaluations); None if it never did. Needs ``train_s`` (timed mode)."""
+        n = steps_to(self.steps, self.eval_loss, target)
+        return None if n is None else float(np.interp(n, self.steps, self.train_s))
+
+
+# --- the arithmetic ----------------------------------------------------------------------------
+
+def smooth(values: list[float]) -> list[float]:
+    """Centred 3-point moving average (2 points at the ends)."""
+    v = list(values)
+    return [statistics.fmean(v[max(0, i - 1):i + 2]) for i in range(len(v))]
+
+
+def loss_at(steps: list[int], losses: list[float], step: float) -> float:
+    return float(np.interp(step, steps, losses))
+
+
+def steps_to(steps: list[int], losses: list[float], target: float) -> float | None:
+    """The first step at which the (smoothed) curve reaches ``target``, interpolated; None if never."""
+    s = smooth(losses)
+    for i in range(1, len(s)):
+        if s[i] <= target:
+            a, b = s[i - 1], s[i]
+            frac = 1.0 if a == b else (a - target) / (a - b)
+            return steps[i - 1] + min(max(frac, 0.0), 1.0) * (steps[i] - steps[i - 1])
+    return None
+
+
+def steps_by(steps: list[int], losses: list[float], target: float, horizon: float) -> float | None:
+    """:func:`steps_to` of the curve up to ``horizon`` (what a run stopped there would read)."""
+    n = sum(1 for s in steps if s <= horizon)
+    return steps_to(steps[:n], losses[:n], target)
+
+
+@dataclass
+class Efficiency:
+    """The outcome of one paired comparison (see the module docstring)."""
+
+    efficiency: float           # reported: 1.0 inside the noise band, 0 when L* was never reached
+    raw: float                  # n_ref / n_cand before the noise rule (0 when never reached)
+    band: float                 # h: the reference's seed-to-seed relative spread of n(L*)
+    within_noise: bool
+    target_loss: float
+    reached_loss: float         # the candidate's lowest smoothed evaluation loss
+    steps_ref: float
+    steps_cand: float | None
+    final_loss_ratio: float     # candidate's last evaluation loss / the reference's (seed 0)
+    final_loss_band: float      # the reference seeds' relative spread of the last evaluation loss
+
+    @property
+    def lo(self) -> float:
+        return self.raw * (1 - self.band)
+
+    @property
+    def hi(self) -> float:
+        return self.raw * (1 + self.band)
+
+
+def target(references: list[Curve], horizon: int) -> float:
+    mean = np.mean([smooth(c.eval_loss) for c in references], axis=0)
+    return loss_at(references[0].steps, list(mean), TARGET_AT * horizon)
+
+
+def compare(references: list[Curve], candidate: Curve, horizon: int) -> Efficiency:
+    """Efficiency of ``candidate`` (paired with ``references[0]``) against the reference seeds. The candidate's
+    curve up to ``horizon`` is read first (as every protocol has); only when it did not reach L* there, the part
+    trained on past the horizon (``EXTEND``) counts. The final-loss ratio is the loss at the horizon's."""
+    if len(references) < 2:
+        raise ValueError("the noise band needs at least 2 reference seeds")
+    goal = target(references, horizon)
+    ref_steps = [steps_to(c.steps, c.eval_loss, goal) or float(horizon) for c in references]
+    n0 = ref_steps[0]
+    band = max(abs(1 - n / n0) for n in ref_steps[1:])
+    finals = [c.eval_loss[-1] for c in references]
+    final_band = max(abs(1 - f / finals[0]) for f in finals[1:])
+    n_cand = steps_by(candidate.steps, candidate.eval_loss, goal, horizon)
+    if n_cand is None:
+        n_cand = steps_to(candidate.steps, candidate.eval_loss, goal)
+    within_h = sum(1 for s in candidate.steps if s <= horizon)
+    raw = n0 / max(n_cand, 1e-9) if n_cand is not None else 0.0
+    within = n_cand is not None and abs(raw - 1) <= band
+    return Efficiency(1.0 if within else raw, raw, band, within, goal, min(smooth(candidate.eval_loss)), n0, n_cand,
+                      candidate.eval_loss[within_h - 1] / finals[0], final_band)
+
+
+def reusable(row: dict) -> bool:
+    """Whether a stored row was measured by this protocol. Protocol 3 changed only candidates that had not
+    reached L* by the horizon (they train on now): an older row that did reach it measured the same. Protocol 2
+    changed only asynchronous modes on a cluster (timed windows instead of lockstep steps): a protocol-1 row of
+    anything else measured the same."""
+    if row.get("protocol") == PROTOCOL:
+        return True
+    if row.get("status") == "ok" and row.get("efficiency_raw") == 0:
+        return False                                    # censored at the horizon: protocol 3 measures it further
+    return row.get("protocol") == 2 or (row.get("protocol") == 1 and place(row["efficiency_key"]) in (None, LOOPBACK))
+
+
+def is_flat(start: float, goal: float) -> bool:
+    """Whether references that start at ``start`` and reach L* = ``goal`` fall too little to rank anything."""
+    return start - goal < FLAT_DROP * abs(start)
+
+
+
+# --- measuring and storing ---------------------------------------------------------------------
+
+def efficiency_row(ekey: str, workload: str, batch: int, world: int, ranks_per_host: int, strategy,
+                   spec: CurveSpec, curve: Curve | None, eff: Efficiency | None, status: str = "ok",
+                   reason: str = "") -> dict:
+    import torch
+
+    sig = curve.signals if curve else {}
+    row = {"efficiency_key": ekey, "workload": workload, "batch_size": batch, "world_size": world,
+           "ranks_per_host": ranks_per_host, "lossy_key": strategy.lossy_key(), "strategy": strategy.to_json(),
+           "status": status, "reason": reason[:500], "horizon": spec.horizon, "eval_every": spec.eval_every,
+           "seed": spec.seed, "lr": spec.lr, "optimizer": spec.optimizer, "protocol": PROTOCOL,
+           "curve": json.dumps({"steps": curve.steps, "eval_loss": curve.eval_loss}) if curve else "",
+           "final_eval_loss": curve.eval_loss[-1] if curve else float("nan"),
+           "grad_error": sig.get("grad_error", float("nan")), "ef_norm": sig.get("ef_norm", float("nan")),
+           "local_drift": sig.get("local_drift", float("nan")),
+           "grad_noise_scale": sig.get("grad_noise_scale", float("nan")),
+           "wall_s": curve.wall_s if curve else 0.0, "torch_version": torch.__version__, "timestamp": time.time()}
+    if eff is not None:
+        row.update(efficiency=eff.efficiency, efficiency_raw=eff.raw, efficiency_lo=eff.lo, efficiency_hi=eff.hi,
+                   band=eff.band, within_noise=eff.within_noise, target_loss=eff.target_loss,
+                   reached_loss=eff.reached_loss, steps_ref=eff.steps_ref,
+                   steps_cand=eff.steps_cand if eff.steps_cand is not None else float("nan"),
+                   final_loss_ratio=eff.final_loss_ratio, final_loss_band=eff.final_loss_band)
+    return row
+
+
+def _curve_of(row: dict) -> Curve:
+    c = json.loads(row["curve"])
+    return Curve(c["steps"], c["eval_loss"], [], {k: row[k] for k in ("grad_error", "ef_norm", "local_drift",
+                                                                     "grad_noise_scale")}, row["wall_s"])
+
+

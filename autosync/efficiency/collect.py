@@ -1,0 +1,56 @@
+"""Collecting the efficiency table of a dataset: ``autosync efficiency``."""
+from __future__ import annotations
+
+import json
+
+from autosync.efficiency import LOOPBACK, place, reusable
+from autosync.efficiency.meter import EfficiencyMeter
+from autosync.strategy import Strategy
+
+def collect(store, workloads: list[str] | None = None, worlds: list[int] | None = None, per_group: int = 10,
+            seed: int = 0, timeout_s: float = 1800.0, progress=None, again: bool = False) -> dict[str, int]:
+    """Measure the efficiency of the lossy strategies the dataset's trials hold, ``per_group`` keys per
+    (workload, batch, world, hosts) group, in a seeded order (the same command continues the same list:
+    what is stored is skipped). ``again``: instead, measure again every stored loopback row an older protocol
+    measured differently (:func:`reusable`: censored at the horizon), each with its stored strategy, whatever
+    the seeded lists hold now (``per_group`` and ``seed`` do not apply). Returns counts of ok / failed / already
+    stored."""
+    import random
+
+    stored = store.efficiency_rows()
+    measured = {k for k, row in stored.items() if reusable(row)}    # a censored row is measured again
+    counts = {"ok": 0, "failed": 0, "timeout": 0, "flat": 0, "stored": 0}
+    groups: dict[tuple, dict[str, str]] = {}
+    if again:
+        for k, r in stored.items():
+            if (k not in measured and place(k) in (None, LOOPBACK) and (not workloads or r["workload"] in workloads)
+                    and (not worlds or r["world_size"] in worlds)):
+                groups.setdefault((r["workload"], int(r["batch_size"]), int(r["world_size"]),
+                                   int(r["ranks_per_host"])), {})[k] = r["strategy"]
+    else:
+        trials = store.read(efficiency=False)
+        trials = trials[~trials.lossless.astype(bool)]
+        if workloads:
+            trials = trials[trials.workload.isin(workloads)]
+        if worlds:
+            trials = trials[trials.world_size.isin(worlds)]
+        for r in trials.itertuples():
+            s = Strategy.from_dict(json.loads(r.strategy))
+            rph = int(r.ranks_per_node) if s.sync.kind.needs_hosts else 1
+            groups.setdefault((r.workload, int(r.batch_size), int(r.world_size), rph), {}).setdefault(
+                r.efficiency_key, r.strategy)
+    for (workload, batch, world, rph), keys in sorted(groups.items()):
+        order = sorted(keys)
+        random.Random(f"{seed}|{workload}|{batch}|{world}|{rph}").shuffle(order)
+        chosen = order if again else order[:per_group]
+        todo = [k for k in chosen if k not in measured]
+        counts["stored"] += len(chosen) - len(todo)
+        if not todo:
+            continue
+        with EfficiencyMeter(store, workload, batch, world, rph, timeout_s=timeout_s, progress=progress) as meter:
+            for i, k in enumerate(todo):
+                if progress:
+                    progress(f"{workload} b{batch} w{world}x{rph}: {i + 1}/{len(todo)}")
+                row = meter.measure(Strategy.from_dict(json.loads(keys[k])))
+                counts[row["status"]] = counts.get(row["status"], 0) + 1
+    return counts
