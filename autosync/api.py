@@ -7,6 +7,7 @@ for anything the user can fix.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -17,10 +18,10 @@ from autosync.datasets import SHIPPED_DATA
 from autosync.datasets.store import DatasetStore
 from autosync.errors import UserError
 from autosync.outputs import check_output
+from autosync.search.config import TuneConfig
 from autosync.strategy import Strategy, load_strategy
 
 log = logging.getLogger(__name__)
-DEFAULT_STORAGE = "sqlite:///autosync-tune.db"
 
 
 def resolve_workload(workload_or_model, make_batch: Callable | None = None, batch_size: int | None = None):
@@ -57,27 +58,6 @@ def _cluster(cluster: str | Cluster) -> Cluster:
     return parse_cluster(cluster) if isinstance(cluster, str) else cluster
 
 
-def emulated(cluster: str | Cluster, unshaped: bool = False):
-    """Context manager: the cluster brought up on this machine (``.pool()`` gives its ranks), or, asked
-    for, unshaped loopback; emulation errors (no root, no netem for a latency) become one-line user errors."""
-    from autosync.executor.emulate import EmulationError, emulate
-
-    cluster = _cluster(cluster)
-
-    class _Guard:
-        def __enter__(self):
-            try:
-                self.inner = emulate(cluster, unshaped=unshaped)
-                return self.inner.__enter__()
-            except EmulationError as e:
-                raise UserError(f"cannot emulate {cluster}: {e}") from None
-
-        def __exit__(self, *exc):
-            return self.inner.__exit__(*exc)
-
-    return _Guard()
-
-
 def check_faithful(cluster: Cluster, beyond_range: bool, command: str) -> None:
     """UserError when ``command`` would measure ``cluster`` beyond what this machine emulates faithfully."""
     from autosync.executor.emulate import can_emulate
@@ -100,75 +80,47 @@ def load_model(path: str | Path | None = None, kind: str = "regressor"):
     return CostModel.load(Path(path) if path else PRETRAINED / kind)
 
 
-def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = False,
-             storage: str = DEFAULT_STORAGE, data: str | Path = "autosync-data", batch_size: int | None = None,
-             model_path: str | Path | None = None, seed: int = 0, candidates: int = 500,
-             settings=None, on_measured=None, status=None, profile_path: str | Path | None = None,
-             unshaped: bool = False, objective: str | None = None, confirm_rounds: int = 3, finalists: int = 3,
-             pool=None, beyond_range: bool = False, zero_shot: str = "point"):
-    """Tune ``workload`` on ``cluster``; ``profile_path`` (from `autosync profile`) replaces profiling.
-
-    ``objective``: ``time-to-loss`` (default; ``lossless`` when ``lossless``), ``throughput`` or ``lossless``
-    (see :func:`autosync.search.tuner.tune`). ``pool``: the job's own ranks (:func:`job`, in-job mode; call on
-    rank 0): profile, trials and efficiency runs happen there instead of on the emulated ``cluster``, which then
-    only names the job's shape and nominal links. Measuring an emulated cluster beyond this machine's faithful
-    range (:mod:`autosync.executor.fidelity`) is refused unless ``beyond_range``. With the shipped cost model, its
-    calibrated intervals (:mod:`autosync.models.uncertainty`) rank the measured rounds by expected improvement
-    and, with ``measure=0``, pick by the ``zero_shot`` rule (``point`` estimate or ``lower`` bound). Returns
+def run_tune(workload, cluster: Cluster, config: TuneConfig, on_measured=None, status=None, pool=None):
+    """Tune ``workload`` on ``cluster`` by ``config`` (:class:`~autosync.search.config.TuneConfig`); returns
     ``(TuneResult, Profile)``.
+
+    ``pool``: the job's own ranks (:func:`job`, in-job mode; call on rank 0): profile, trials and efficiency runs
+    happen there instead of on the emulated ``cluster``, which then only names the job's shape and nominal links.
+    Measuring an emulated cluster beyond this machine's faithful range (:mod:`autosync.executor.fidelity`) is
+    refused unless ``config.beyond_range``. ``status(text)`` hears what is going on; ``on_measured(m)`` each
+    measured strategy.
     """
-    from autosync.efficiency.meter import EfficiencyMeter
-    from autosync.models.efficiency_model import EfficiencyModel, fit_store
+    from autosync.executor.emulate import open_ranks
     from autosync.executor.launch import TrialFailure
-    from autosync.models import training
-    from autosync.profiler.measure import nominal_profile
-    from autosync.search.collect import context_profile
-    from autosync.search.trials import TrialSettings
-    from autosync.search.tuner import check_storage, tune as _tune_loop
+    from autosync.search.study import check_storage
+    from autosync.search.tuner import tune
 
-    check_storage(storage)
-    if measure and pool is None and not unshaped:
-        check_faithful(cluster, beyond_range, "tune")
-    settings = settings or TrialSettings()
-    model = load_model(model_path)
-    batch = batch_size or workloads.default_batch_size(workload)
-    given = _given_profile(profile_path, Context.of(workload, batch, cluster)) if profile_path else None
-    objective = objective or ("lossless" if lossless else "time-to-loss")
-    store = DatasetStore(data)
-    shipped = DatasetStore(SHIPPED_DATA, create=False) if (SHIPPED_DATA / "profiles").is_dir() else None
-    base = training.build(shipped) if shipped else None
-    eff_model, meter = None, None
-    if objective == "time-to-loss":
-        try:
-            eff_model = fit_store(shipped) if shipped else EfficiencyModel()
-        except ValueError:
-            eff_model = EfficiencyModel()
-        meter = EfficiencyMeter(store, workload, batch, cluster.world_size, cluster.ranks_per_node,
-                                also=[shipped] if shipped else [], progress=status, pool=pool)
-    noise = meter.noise_scale() if meter else float("nan")
-    from autosync.models import uncertainty
-
-    card = uncertainty.load_card() if model_path is None and base is not None else None
-    extra = dict(objective=objective, efficiency_model=eff_model, noise_scale=noise, meter=meter,
-                 confirm_rounds=confirm_rounds, finalists=finalists, on_progress=status, intervals_card=card,
-                 zero_shot=zero_shot)
-    if measure == 0 and pool is None:
+    check_storage(config.storage)
+    if config.measure and pool is None and not config.unshaped:
+        check_faithful(cluster, config.beyond_range, "tune")
+    batch = config.batch_size or workloads.default_batch_size(workload)
+    given = _given_profile(config.profile, Context.of(workload, batch, cluster)) if config.profile else None
+    store = DatasetStore(config.data)
+    inputs = _tune_inputs(config, store, workload, batch, cluster, status, pool)
+    meter = inputs["meter"]
+    if config.measure == 0 and pool is None:
         if status and given is None:
             status("profiling the model (nominal network)")
+        from autosync.profiler.measure import nominal_profile
+
         profile = given or nominal_profile(cluster, workload, batch)
-        return _tune_loop(profile, model, 0, store, storage, None, base, lossless, seed, candidates,
-                          settings=settings, **extra), profile
+        return tune(profile, inputs.pop("model"), config, store, **inputs), profile
+    from autosync.search.collect import context_profile
     try:
-        with _ranks(cluster, unshaped, pool) as ranks:
+        with open_ranks(cluster, config.unshaped, pool) as ranks:
             profile = given if given is not None else context_profile(store, ranks, cluster, workload, batch, status)
-            recovered = _recovered(store, profile, ranks)
-            if meter is not None and not unshaped:
+            if meter is not None and not config.unshaped:
                 meter.on_cluster(ranks, cluster.spec())     # asp's efficiency depends on the cluster's timing
             if status:
-                status(f"tuning: {measure} measured trials")
-            result = _tune_loop(profile, model, measure, store, storage, ranks if measure else None, base, lossless,
-                                seed, candidates, settings=settings, on_measured=on_measured, workload=workload,
-                                recovered=recovered, **extra)
+                status(f"tuning: {config.measure} measured trials")
+            result = tune(profile, inputs.pop("model"), config, store, ranks if config.measure else None,
+                          workload=workload, recovered=_recovered(store, profile, ranks), on_measured=on_measured,
+                          **inputs)
     except TrialFailure as f:
         raise UserError(f"profiling failed ({f.status}): {f.reason}") from None
     finally:
@@ -177,45 +129,45 @@ def run_tune(workload, cluster: Cluster, measure: int = 8, lossless: bool = Fals
     return result, profile
 
 
+def _tune_inputs(config: TuneConfig, store: DatasetStore, workload, batch: int, cluster: Cluster, status, pool) -> dict:
+    """What the tune pipeline starts from: the cost model, the shipped training set and interval card, the
+    efficiency model and (time-to-loss) the efficiency meter."""
+    from autosync.efficiency.meter import EfficiencyMeter
+    from autosync.models import training, uncertainty
+    from autosync.models.efficiency_model import EfficiencyModel, fit_store
+
+    model = load_model(config.cost_model)
+    shipped = DatasetStore(SHIPPED_DATA, create=False) if (SHIPPED_DATA / "profiles").is_dir() else None
+    base = training.build(shipped) if shipped else None
+    eff_model, meter = None, None
+    if config.objective == "time-to-loss":
+        try:
+            eff_model = fit_store(shipped) if shipped else EfficiencyModel()
+        except ValueError:
+            eff_model = EfficiencyModel()
+        meter = EfficiencyMeter(store, workload, batch, cluster.world_size, cluster.ranks_per_node,
+                                also=[shipped] if shipped else [], progress=status, pool=pool)
+    card = uncertainty.load_card() if config.cost_model is None and base is not None else None
+    return dict(model=model, base=base, efficiency_model=eff_model, meter=meter, intervals_card=card,
+                noise_scale=meter.noise_scale() if meter else float("nan"), on_progress=status)
+
+
 def job(timeout: float = 300.0, backend: str | None = None, cluster: str | Cluster | None = None):
     """The ranks of the distributed job this process is part of (in-job mode), as a rank pool.
 
     Call on every rank of a torchrun (or any env://) job: it joins the job's process group (NCCL on
     GPUs, gloo on CPUs; ``backend`` overrides) with ``timeout`` as its collectives' limit. Rank 0 passes
-    the pool to :func:`run_tune`, :func:`profile` or :func:`collect`; every other rank calls
+    the pool to :func:`run_tune`, :func:`profile`, :func:`run` or :func:`collect`; every other rank calls
     ``pool.serve()`` and exits with what it returns. Every rank calls ``pool.close()`` when done (or
     uses the pool as a context manager): it takes the job's process groups down. ``cluster``, when
     given, must have the job's shape (hosts x ranks per host). See :mod:`autosync.executor.job`.
     """
-    from autosync.executor.job import JobPool
+    from autosync.executor.job import JobPool, check_shape
 
     pool = JobPool(timeout_s=timeout, backend=backend)
     if cluster is not None:
-        check_job_cluster(_cluster(cluster), pool)
+        check_shape(_cluster(cluster), pool)
     return pool
-
-
-def check_job_cluster(cluster: Cluster, pool) -> None:
-    """UserError unless ``cluster`` has the job's shape."""
-    if (cluster.nodes, cluster.ranks_per_node) != (pool.hosts, pool.ranks_per_host):
-        raise UserError(f"--cluster {cluster} says {cluster.nodes} host(s) x {cluster.ranks_per_node} rank(s), but "
-                        f"this job has {pool.hosts} host(s) x {pool.ranks_per_host} rank(s); give the job's shape "
-                        f"(its links' speed is nominal: the network is measured in the job)")
-
-
-def _ranks(cluster: Cluster, unshaped: bool, pool=None):
-    """Context manager: the job's ranks when given (in-job), else the emulated cluster's (or loopback's)."""
-    from contextlib import contextmanager, nullcontext
-
-    if pool is not None:
-        check_job_cluster(cluster, pool)
-        return nullcontext(pool)
-
-    @contextmanager
-    def emulated_pool():
-        with emulated(cluster, unshaped) as emu, emu.pool() as ranks:
-            yield ranks
-    return emulated_pool()
 
 
 def _recovered(store: DatasetStore, profile, ranks) -> list:
@@ -258,7 +210,9 @@ def profile(workload_or_model, cluster: str | Cluster = "2x1@1gbit", make_batch:
         if nominal:
             result = nominal_profile(cluster, w, batch)
         else:
-            with _ranks(cluster, unshaped, pool) as ranks:
+            from autosync.executor.emulate import open_ranks
+
+            with open_ranks(cluster, unshaped, pool) as ranks:
                 result = run_profile(ranks, cluster, w, batch, timeout=timeout)
     except TrialFailure as f:
         raise UserError(f"profiling failed ({f.status}): {f.reason}") from None
@@ -286,12 +240,12 @@ def check_strategy(strategy: Strategy, model, world: int, source: str = "strateg
 
 def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | Cluster | None = None,
         nproc: int | None = None, ranks_per_host: int | None = None, batch_size: int | None = None,
-        steps: int = 10, warmup: int = 3, seed: int = 0, timeout: float = 300.0, unshaped: bool = False):
+        steps: int = 10, warmup: int = 3, seed: int = 0, timeout: float = 300.0, unshaped: bool = False, pool=None):
     """Measure one strategy (default: the DDP default) for ``steps`` timed steps.
 
-    On an emulated ``cluster`` (world size from its spec), or on ``nproc`` local ranks
-    (default 2, unshaped loopback). Returns ``(TrialResult, where)``; ``where`` names the
-    context of the measurement for tables.
+    On an emulated ``cluster`` (world size from its spec), on ``nproc`` local ranks (default 2, unshaped
+    loopback), or on the job's own ranks (``pool`` from :func:`job`; call on rank 0). Returns
+    ``(TrialResult, where)``; ``where`` names the context of the measurement for tables.
     """
     from autosync.executor.launch import START_TIMEOUT_S, RankPool
     from autosync.executor.measure import TrialSpec, measure
@@ -305,6 +259,33 @@ def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | 
     w, model = checked_workload(workload, batch_size=batch_size)
     batch = batch_size or workloads.default_batch_size(w)
     cluster = _cluster(cluster) if cluster is not None else None
+    world = _run_world(cluster, nproc, ranks_per_host, pool)
+    check_strategy(strategy, model, world, source)
+    del model
+    spec = TrialSpec(w, strategy.canonical(), batch, warmup, steps, seed)
+    start = min(timeout, START_TIMEOUT_S)   # the ranks' start is bounded by the trial's limit too
+    if pool is not None:
+        result, _ = measure(pool, spec, timeout=timeout)
+        where = f"{world} ranks of this job ({pool.backend}/{pool.device})"
+    elif cluster is not None:
+        from autosync.executor.emulate import open_ranks
+
+        with open_ranks(cluster, unshaped, start_timeout=start) as ranks:
+            result, _ = measure(ranks, spec, timeout=timeout)
+        where = Context.on(ranks, w, batch, cluster).label
+    else:
+        with RankPool(world, ranks_per_host=ranks_per_host, start_timeout=start) as ranks:
+            result, _ = measure(ranks, spec, timeout=timeout)
+        where = f"{world} local ranks (unshaped loopback)"
+    return result, where
+
+
+def _run_world(cluster: Cluster | None, nproc: int | None, ranks_per_host: int | None, pool) -> int:
+    """The world size of :func:`run`, from the one of ``cluster``, ``nproc`` and ``pool`` that gives it."""
+    if pool is not None:
+        if cluster is not None or nproc is not None or ranks_per_host is not None:
+            raise UserError("in a job the ranks are the job's own: --cluster, --nproc and --ranks-per-host do not apply")
+        return pool.world_size
     if cluster is not None and nproc is not None and nproc != cluster.world_size:
         raise UserError(f"--nproc {nproc} disagrees with --cluster {cluster} ({cluster.world_size} ranks); "
                         f"give one of them")
@@ -313,19 +294,47 @@ def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | 
     world = cluster.world_size if cluster is not None else (nproc or 2)
     if ranks_per_host and world % ranks_per_host:
         raise UserError(f"--ranks-per-host {ranks_per_host} does not divide --nproc {world}")
-    check_strategy(strategy, model, world, source)
-    del model
-    spec = TrialSpec(w, strategy.canonical(), batch, warmup, steps, seed)
-    start = min(timeout, START_TIMEOUT_S)   # the ranks' start is bounded by the trial's limit too
-    if cluster is not None:
-        with emulated(cluster, unshaped) as emu, emu.pool(start_timeout=start) as pool:
-            result, _ = measure(pool, spec, timeout=timeout)
-        where = Context.on(pool, w, batch, cluster).label
-    else:
-        with RankPool(world, ranks_per_host=ranks_per_host, start_timeout=start) as pool:
-            result, _ = measure(pool, spec, timeout=timeout)
-        where = f"{world} local ranks (unshaped loopback)"
-    return result, where
+    return world
+
+
+@dataclass
+class ClusterCheck:
+    """What :func:`check_cluster` measured: each host link, each host-to-host path (3 hosts or more: bit/s,
+    ``paths[a][b]``), each host's compute speed, and the islands sync mode ``selective`` would choose from."""
+
+    cluster: Cluster
+    links: list
+    paths: list[list[float]] | None
+    compute: list
+    islands: list[dict]
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return {"links": [asdict(r) for r in self.links], "paths_bps": self.paths,
+                "compute": [asdict(r) for r in self.compute]}
+
+
+def check_cluster(cluster: str | Cluster, seconds: float = 0.5, compute_seconds: float = 2.0) -> ClusterCheck:
+    """Bring ``cluster`` up on this machine, measure every host link (point-to-point transfers and a ping-pong),
+    every path between hosts (3 hosts or more) and each host's compute speed, and take it down."""
+    from autosync.executor.emulate import can_emulate, open_cluster
+    from autosync.executor.linkcheck import check_compute, check_links, check_paths
+    from autosync.plans.selective import frontier
+
+    cluster = _cluster(cluster)
+    ok, why = can_emulate()
+    if not ok:
+        raise UserError(f"cannot emulate {cluster}: {why}")
+    if cluster.nodes < 2:
+        raise UserError(f"{cluster} has one host: there is no host link to measure")
+    with open_cluster(cluster) as emu:
+        with emu.pool(threads_per_rank=1) as pool:
+            links = check_links(pool, cluster, seconds=seconds)
+            paths = check_paths(pool, cluster, seconds=seconds / 2) if cluster.nodes >= 3 else None
+        with emu.pool() as pool:
+            speeds = check_compute(pool, cluster, emu.limits, seconds=compute_seconds)
+    return ClusterCheck(cluster, links, paths, speeds, frontier(paths, 1.0) if paths else [])
 
 
 def collect(workload_names: list[str], clusters: list[str | Cluster], data: str | Path = "autosync-data",
@@ -348,38 +357,129 @@ def collect(workload_names: list[str], clusters: list[str | Cluster], data: str 
     store = DatasetStore(data)
     store.read()  # a damaged dataset is reported before anything is measured
     settings = TrialSettings(timeout_s=timeout, time_budget_s=budget, seed=seed)
-    if pool is not None:
-        if len(clusters) != 1:
-            raise UserError("in a job, collect measures the job's own cluster: give one --clusters spec, its shape")
-        check_job_cluster(clusters[0], pool)
-    return _collect(workload_names, clusters, store, per_context, settings, batch_size, seed,
-                    progress, unshaped=unshaped, ranks=(lambda c: _ranks(c, unshaped, pool)) if pool is not None else None)
+    if pool is not None and len(clusters) != 1:
+        raise UserError("in a job, collect measures the job's own cluster: give one --clusters spec, its shape")
+    return _collect(workload_names, clusters, store, per_context, settings, batch_size, seed, progress,
+                    unshaped=unshaped, pool=pool)
 
 
 def tune(workload_or_model, make_batch: Callable | None = None, cluster: str | Cluster = "2x1@1gbit",
-         measure: int = 8, lossless: bool = False, storage: str = DEFAULT_STORAGE, batch_size: int | None = None,
-         data: str | Path = "autosync-data", seed: int = 0, out: str | Path | None = None,
-         unshaped: bool = False, objective: str | None = None, confirm_rounds: int = 3,
-         beyond_range: bool = False) -> Strategy:
+         out: str | Path | None = None, config: TuneConfig | None = None, lossless: bool = False,
+         **options) -> Strategy:
     """Find a synchronization strategy for a workload (a name) or a model (with make_batch) on a cluster.
 
-    Measures ``measure`` strategies for real on the emulated ``cluster`` (0 = predict only)
-    and returns the recommendation, by ``objective``: ``time-to-loss`` (the default: samples/s x
-    statistical efficiency, measured for lossy finalists), ``throughput`` or ``lossless``; ``out`` also writes it as a strategy file (its folder is
-    checked first). Without the rights to emulate it refuses, unless ``unshaped=True``.
+    The choices are a :class:`~autosync.search.config.TuneConfig`, given whole (``config``) or as keyword
+    ``options`` of its fields, e.g. ``measure=8`` (strategies measured for real on the emulated ``cluster``;
+    0 = predict only), ``objective`` (``time-to-loss``, the default: samples/s x statistical efficiency,
+    measured for lossy finalists; ``throughput``; ``lossless``), ``data`` (the folder measurements are
+    appended to), ``seed``, ``unshaped``. ``out`` also writes the
+    recommendation as a strategy file (its folder is checked first). Without the rights to emulate it refuses,
+    unless ``unshaped=True``.
 
     Call it under ``if __name__ == "__main__":`` in a script: its rank processes re-import the main
     module (as with torch's ``mp.spawn``); a call at import time makes every rank
     try to start ranks of its own, and the failure says so.
     """
-    from autosync.search.tuner import strategy_file_text
+    from autosync.present.text import strategy_file_text
 
+    if config is not None and (options or lossless):
+        raise UserError("give either a TuneConfig (config=) or its options as keywords, not both")
+    config = config or TuneConfig.build(lossless=lossless, **options)
     cluster = _cluster(cluster)
     if out:
         check_output(out, "strategy file")
-    w = resolve_workload(workload_or_model, make_batch, batch_size)
-    result, prof = run_tune(w, cluster, measure, lossless, storage, data, batch_size, seed=seed, unshaped=unshaped,
-                            objective=objective, confirm_rounds=confirm_rounds, beyond_range=beyond_range)
+    w = resolve_workload(workload_or_model, make_batch, config.batch_size)
+    result, prof = run_tune(w, cluster, config)
     if out:
         _write(out, lambda p: Path(p).write_text(strategy_file_text(result, prof)))
     return result.strategy
+
+
+def efficiency(data: str | Path = "autosync-data", workload_names: list[str] | None = None,
+               worlds: list[int] | None = None, per_group: int = 10, seed: int = 0, timeout: float = 1800.0,
+               again: bool = False, progress=None) -> tuple[dict[str, int], Path]:
+    """Measure the statistical efficiency of the lossy strategies the dataset ``data`` holds (see
+    :func:`autosync.efficiency.collect.collect`); returns the counts and the dataset's folder."""
+    from autosync.efficiency.collect import collect as _collect
+
+    store = DatasetStore(data, create=False)
+    store.read()  # a damaged dataset is reported before anything runs
+    return _collect(store, workload_names, worlds, per_group, seed, timeout, progress=progress, again=again), store.root
+
+
+def merge(sources: list[str | Path], data: str | Path) -> list[dict[str, int]]:
+    """Add every trial, efficiency row and profile of the ``sources`` datasets to ``data`` (created if missing);
+    rows stored there already are kept. Returns what each source added."""
+    stores = [DatasetStore(s, create=False) for s in sources]
+    for s in stores:
+        s.read()   # a damaged source is reported before anything is written
+    check_output(data, "dataset", directory=True)
+    into = DatasetStore(data)
+    into.read()
+    return [into.merge(s) for s in stores]
+
+
+def train(data: str | Path = "shipped", out: str | Path = "autosync-model", kind: str = "ranker",
+          evaluate: bool = False, seed: int = 0) -> dict:
+    """Fit the cost model to the dataset ``data`` and save it in ``out`` (LightGBM text + a JSON card); returns
+    the card."""
+    from autosync.models.train import train_and_save
+
+    check_output(out, "model", directory=True)
+    return train_and_save(DatasetStore(data, create=False), out, kind, evaluate, seed)
+
+
+def evaluate(data: str | Path = "shipped", splits=("workload", "cluster"), seed: int = 0,
+             plot: str | Path | None = None, markdown: str | Path | None = None):
+    """Held-out transfer of the cost models on ``data`` (:func:`autosync.models.transfer.evaluate`), its plot
+    written to ``plot`` and its table to ``markdown`` when given (both checked first); returns (report, training
+    set)."""
+    from autosync.models import training, transfer
+
+    for path, what in ((plot, "plot"), (markdown, "Markdown table")):
+        if path is not None:
+            check_output(path, what)
+    training_set = training.build(DatasetStore(data, create=False))
+    report = transfer.evaluate(training_set, splits, seed=seed)
+    if plot is not None:
+        transfer.plot(report, plot)
+    if markdown is not None:
+        _write(markdown, lambda p: Path(p).write_text(report.to_markdown() + "\n"))
+    return report, training_set
+
+
+def in_job(fn, timeout: float = 300.0, backend: str | None = None):
+    """Run ``fn(pool)`` on the ranks of the distributed job this process is part of: rank 0 calls it with the job's
+    pool (:func:`job`) and returns what it returns; every other rank serves rank 0's tasks and returns the status
+    :meth:`~autosync.executor.job.JobPool.serve` gives. The pool is closed on every rank at the end."""
+    pool = job(timeout=timeout, backend=backend)
+    try:
+        return fn(pool) if pool.rank == 0 else pool.serve()
+    finally:
+        pool.close()      # releases the others (rank 0) and takes the job's groups down on every rank
+
+
+def sweep(everything: bool = False) -> list[str]:
+    """Remove the namespaces and cgroups of autosync runs whose process is gone (``everything``: of live ones too)."""
+    from autosync.executor.emulate import can_emulate
+    from autosync.executor.emulate import sweep as _sweep
+
+    ok, why = can_emulate()
+    if not ok:
+        raise UserError(f"cannot sweep: {why}")
+    return _sweep(everything=everything)
+
+
+def benchmarks() -> dict[str, tuple[Path, str]]:
+    """The benchmarks of a source checkout's ``bench/`` folder: name -> (script, its docstring's first line)."""
+    import ast
+
+    folder = Path(__file__).resolve().parent.parent / "bench"
+    if not folder.is_dir():
+        raise UserError("the benchmarks live in bench/ of a source checkout, which this installation does not have")
+    out = {}
+    for path in sorted(folder.glob("*.py")):
+        if not path.name.startswith("_"):   # _*.py: helpers
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            out[path.stem] = (path, doc.splitlines()[0] if doc else "")
+    return out

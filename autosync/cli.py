@@ -1,11 +1,14 @@
-"""The ``autosync`` command: a thin layer over the Python API.
+"""The ``autosync`` command: a thin layer over the Python API (:mod:`autosync.api`).
 
-Every error a user can cause ends with one line on stderr and exit status 2.
+Each command is one function that takes the parsed options, calls the API and prints through
+:mod:`autosync.present`; :func:`command` declares its options beside it (shared ones by name from
+:data:`SHARED`, ``autosync tune``'s from :class:`~autosync.search.config.TuneConfig`'s fields). Every
+error a user can cause ends with one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import logging
 import signal
 import sys
@@ -23,15 +26,6 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message} (see --help)")
 
 
-def _console():
-    """A rich console; 120 columns when stdout is not a terminal (rich would assume 80)."""
-    import sys as _sys
-
-    from rich.console import Console
-
-    return Console() if _sys.stdout.isatty() else Console(width=120)
-
-
 def _number(cast, lowest, strict: bool, what: str):
     """An argparse type: ``cast(text)`` that must be > lowest (strict) or >= lowest."""
     def parse(text: str):
@@ -45,38 +39,96 @@ def _number(cast, lowest, strict: bool, what: str):
     return parse
 
 
-_positive_int = _number(int, 0, True, "a positive integer")
-_non_negative_int = _number(int, 0, False, "an integer >= 0")
-_positive_float = _number(float, 0.0, True, "a positive number")
+def _checked(check):
+    """An argparse type from a check that raises UserError (its message becomes argparse's)."""
+    def parse(text: str):
+        try:
+            return check(text) or text
+        except UserError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
 
 
-def _cluster_spec(text: str):
+def _cluster(text: str):
     from autosync.cluster import parse_cluster
 
-    try:
-        return parse_cluster(text)
-    except UserError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    return parse_cluster(text)
 
 
-def _add_in_job(p, timeout_note: str) -> None:
-    p.add_argument("--in-job", action="store_true",
-                   help="run inside the distributed job this command was started in (torchrun --nnodes N "
-                        "--nproc-per-node G -m autosync.cli ... --in-job): measure on the job's own ranks, devices "
-                        "and network instead of an emulated cluster; rank 0 writes every file, the other ranks "
-                        f"serve it; --cluster gives the job's shape (hosts x ranks). {timeout_note}")
-    p.add_argument("--backend", choices=["nccl", "gloo"], default=None,
-                   help="with --in-job: the process group's backend (default: nccl on GPUs, gloo on CPUs)")
+def _storage(text: str):
+    from autosync.search.config import check_storage_url
+
+    check_storage_url(text)
 
 
-def _job_aware(cmd):
-    """With --in-job, join the job: rank 0 runs ``cmd`` with ``args.pool`` (the job's ranks); the others serve."""
-    import functools
+TYPES = {"positive_int": _number(int, 0, True, "a positive integer"),
+         "nonneg_int": _number(int, 0, False, "an integer >= 0"),
+         "positive_float": _number(float, 0.0, True, "a positive number"),
+         "cluster": _checked(_cluster), "storage": _checked(_storage), "path": None, "dir": None, "str": None}
+UNSHAPED = ("measure on this host's loopback without shaping the links (no root needed); the results are labelled "
+            "unshaped and never mixed with shaped data")
+BEYOND = ("measure even a cluster beyond what this machine emulates faithfully (more than 2 ranks per core, or links "
+          "faster than it carries); results are labelled emulated-beyond")
+IN_JOB = ("run inside the distributed job this command was started in (torchrun --nnodes N --nproc-per-node G -m "
+          "autosync.cli ... --in-job): measure on the job's own ranks, devices and network instead of an emulated "
+          "cluster; rank 0 writes every file, the other ranks serve it; --cluster gives the job's shape (hosts x "
+          "ranks). ")
+#: options several commands share, by name: (flags, type, default, help); a command may give its own help
+SHARED = {
+    "workload": (("--workload", "--model"), "str", None, "built-in workload (list: autosync workloads) or "
+                 "'pkg.module:function' / 'path/file.py:function'", {"dest": "workload", "required": True,
+                                                                       "metavar": "W"}),
+    "cluster": (("--cluster",), "cluster", None, "cluster spec, e.g. 2x1@1gbit", {"required": True}),
+    "batch-size": (("--batch-size",), "positive_int", None, "per-rank batch size (default: the workload's)"),
+    "seed": (("--seed",), "nonneg_int", 0, "seed (default 0)"),
+    "data": (("--data",), "dir", "autosync-data", "dataset directory (default ./autosync-data)"),
+    "unshaped": (("--unshaped",), "flag", False, UNSHAPED),
+    "beyond-range": (("--beyond-range",), "flag", False, BEYOND),
+    "json": (("--json",), "flag", False, "print the measurements as JSON"),
+    "backend": (("--backend",), ("nccl", "gloo"), None, "with --in-job: the process group's backend (default: nccl "
+                "on GPUs, gloo on CPUs)"),
+}
+COMMANDS: list[tuple[str, object, str, str, str | None, tuple]] = []
 
+
+def command(name: str, help: str, description: str, epilog: str | None = None, *options):
+    """Declare a command. ``options``: a SHARED name (``"seed"``, or ``("seed", "its own help")``), or
+    ``(flags, type, default, help[, extra argparse keywords])`` with type a TYPES name, ``"flag"`` or choices."""
+    def declare(func):
+        COMMANDS.append((name, func, help, description, epilog, options))
+        return func
+    return declare
+
+
+def _add_option(p, option) -> None:
+    if isinstance(option, str) or (isinstance(option, tuple) and len(option) <= 3 and option[0] in SHARED):
+        name, own, more = (option, None, {}) if isinstance(option, str) else (*option, {})[:3]
+        flags, kind, default, help_, *extra = SHARED[name]
+        option = (flags, kind, default, own or help_, {**(extra[0] if extra else {}), **more})
+    flags, kind, default, help_, *extra = option
+    flags = (flags,) if isinstance(flags, str) else flags
+    kw = dict(help=help_, **(extra[0] if extra else {}))
+    if kind == "flag":
+        kw.update(action="store_true")
+    elif isinstance(kind, tuple):
+        kw.update(choices=kind, default=default)
+    else:
+        kw.update(type=TYPES[kind], default=default)
+        if flags[0].startswith("--") and "metavar" not in kw:
+            kw["metavar"] = {"cluster": "SPEC", "path": "FILE", "dir": "DIR", "storage": "URL"}.get(
+                kind, flags[0][2:].upper().replace("-", "_"))
+    p.add_argument(*flags, **kw)
+
+
+def _job_aware(cmd, always_in_torchrun: bool = False):
+    """With --in-job (or, ``always_in_torchrun``, whenever started by torchrun), join the job: rank 0 runs ``cmd``
+    with ``args.pool`` (the job's ranks); the others serve it (:func:`autosync.api.in_job`)."""
     @functools.wraps(cmd)
     def wrapped(args) -> int:
+        from autosync.executor.launch import in_torchrun
+
         args.pool = None
-        if not getattr(args, "in_job", False):
+        if not (getattr(args, "in_job", False) or (always_in_torchrun and in_torchrun())):
             if getattr(args, "backend", None):
                 raise UserError("--backend applies only with --in-job (emulated clusters run gloo on CPUs)")
             return cmd(args)
@@ -85,301 +137,119 @@ def _job_aware(cmd):
                 raise UserError(f"--in-job measures the job's own network; --{flag} does not apply")
         from autosync import api
 
-        pool = api.job(timeout=args.timeout, backend=args.backend)
-        try:
-            if pool.rank != 0:
-                return pool.serve()
-            args.pool = pool
-            return cmd(args)
-        finally:
-            args.pool = None
-            pool.close()      # releases the others (rank 0) and takes the job's groups down on every rank
+        return api.in_job(lambda pool: cmd(argparse.Namespace(**{**vars(args), "pool": pool})),
+                          timeout=args.timeout, backend=getattr(args, "backend", None))
     return wrapped
 
 
-def _add_run(sub) -> None:
-    p = sub.add_parser(
-        "run", help="measure one strategy on real ranks",
-        description="Train a workload for a few steps with a strategy (default: PyTorch DDP's default) on N local "
-                    "gloo ranks, and report throughput, median step time, its coefficient of variation and peak "
-                    "memory. Under torchrun it runs on the job's ranks instead of spawning its own.",
-        epilog="example: autosync run --workload bert-mini --nproc 2 --strategy strategy.yaml")
-    p.add_argument("--workload", "--model", dest="workload", required=True, metavar="W",
-                   help="built-in workload (list: autosync workloads) or "
-                        "'pkg.module:function' / 'path/file.py:function'")
-    p.add_argument("--strategy", metavar="FILE", help="strategy YAML or JSON (default: the DDP default)")
-    p.add_argument("--nproc", type=_positive_int, default=None, help="number of local ranks (default 2)")
-    p.add_argument("--cluster", type=_cluster_spec, metavar="SPEC",
-                   help="run on an emulated cluster, e.g. 2x1@100mbit (world size from the spec; needs root)")
-    p.add_argument("--ranks-per-host", type=_positive_int, default=None,
-                   help="ranks that share a host, for hierarchical plans and local SGD (default: all)")
-    p.add_argument("--batch-size", type=_positive_int, default=None, help="per-rank batch size (default: the workload's)")
-    p.add_argument("--steps", type=_positive_int, default=10, help="timed steps (default 10)")
-    p.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed warm-up steps (default 3)")
-    p.add_argument("--seed", type=_non_negative_int, default=0, help="model and data seed (default 0)")
-    p.add_argument("--timeout", type=_positive_float, default=300.0,
-                   help="time limit in seconds of the trial, and of its ranks' start (which has at most 120 s); "
-                        "all ranks are killed when it runs out (default 300)")
-    p.add_argument("--json", action="store_true", help="print the TrialResult as JSON instead of a table")
-    p.add_argument("--unshaped", action="store_true",
-                   help="measure on this host's loopback without shaping the links (no root needed); the results "
-                        "are labelled unshaped and never mixed with shaped data")
-    p.set_defaults(func=_cmd_run)
+# --- measuring ------------------------------------------------------------------------------------
 
-
-def _validate_run(args) -> tuple[object, object]:
-    """Under torchrun: check the strategy and workload before joining the job; returns (strategy, batch size)."""
-    import os
-
-    from autosync import workloads
-    from autosync.api import checked_workload, check_strategy
-    from autosync.strategy import Strategy, load_strategy
-
-    strategy = load_strategy(args.strategy) if args.strategy else Strategy.default()
-    _, model = checked_workload(args.workload, batch_size=args.batch_size)
-    check_strategy(strategy, model, int(os.environ["WORLD_SIZE"]), args.strategy or "default strategy")
-    return strategy, args.batch_size or workloads.default_batch_size(args.workload)
-
-
-def _print_result(result, as_json: bool, title: str, where: str | None = None) -> None:
-    if as_json:
-        if where is None:
-            print(result.to_json())
-        else:   # where the numbers come from (emulated, unshaped, beyond the faithful range) travels with them
-            print(json.dumps({**json.loads(result.to_json()), "measured_on": where}))
-        return
-    from rich.table import Table
-
-    table = Table(title=title)
-    for col in ("status", "samples/s", f"step ({result.step_stat})", "CV", "peak mem", "ranks", "batch/rank"):
-        table.add_column(col, justify="right")
-    table.add_row(result.status, f"{result.samples_per_s:,.1f}", f"{result.step_s * 1e3:.1f} ms",
-                  f"{result.cv:.1%}", f"{result.peak_mem_mb:,.0f} MB", str(result.world_size), str(result.batch_size))
-    console = _console()
-    console.print(table)
-    if result.reason:
-        console.print(f"reason: {result.reason}", markup=False)
-
-
+@command("run", "measure one strategy on real ranks",
+         "Train a workload for a few steps with a strategy (default: PyTorch DDP's default) on N local gloo ranks, "
+         "and report throughput, median step time, its coefficient of variation and peak memory. Under torchrun it "
+         "runs on the job's ranks instead of spawning its own.",
+         "example: autosync run --workload bert-mini --nproc 2 --strategy strategy.yaml",
+         ("workload", None), ("--strategy", "path", None, "strategy YAML or JSON (default: the DDP default)"),
+         ("--nproc", "positive_int", None, "number of local ranks (default 2)"),
+         ("cluster", "run on an emulated cluster, e.g. 2x1@100mbit (world size from the spec; needs root)",
+          {"required": False}),
+         ("--ranks-per-host", "positive_int", None, "ranks that share a host, for hierarchical plans and local SGD "
+          "(default: all)"), "batch-size", ("--steps", "positive_int", 10, "timed steps (default 10)"),
+         ("--warmup", "nonneg_int", 3, "untimed warm-up steps (default 3)"), ("seed", "model and data seed (default 0)"),
+         ("--timeout", "positive_float", 300.0, "time limit in seconds of the trial, and of its ranks' start (which has "
+          "at most 120 s); all ranks are killed when it runs out (default 300)"),
+         ("json", "print the TrialResult as JSON instead of a table"), "unshaped")
 def _cmd_run(args) -> int:
     from autosync import api
-    from autosync.executor.launch import in_torchrun
+    from autosync.present.tables import print_trial
 
-    if in_torchrun():
-        return _run_under_torchrun(args)
     result, where = api.run(args.workload, strategy=args.strategy, cluster=args.cluster, nproc=args.nproc,
                             ranks_per_host=args.ranks_per_host, batch_size=args.batch_size, steps=args.steps,
-                            warmup=args.warmup, seed=args.seed, timeout=args.timeout, unshaped=args.unshaped)
-    _print_result(result, args.json, f"{args.workload} on {where}, strategy {result.strategy_hash}", where)
+                            warmup=args.warmup, seed=args.seed, timeout=args.timeout, unshaped=args.unshaped,
+                            pool=args.pool)
+    print_trial(result, args.json, f"{args.workload} on {where}, strategy {result.strategy_hash}", where)
     return 0 if result.ok else 1
 
 
-def _add_cluster(sub) -> None:
-    p = sub.add_parser("cluster", help="emulated clusters: check links, sweep leftovers",
-                       description="Emulated clusters on this machine (network namespaces + tc; needs root).")
-    csub = p.add_subparsers(dest="cluster_command", metavar="ACTION", parser_class=_Parser)
-    csub.required = True
-    c = csub.add_parser("check", help="bring a cluster up, measure every host link and host speed, tear it down",
-                        description="Bring SPEC up, measure each host link with torch.distributed point-to-point "
-                                    "transfers and a ping-pong, print configured vs measured bandwidth and latency; "
-                                    "then measure each host's compute speed (matrix products on all ranks at once, "
-                                    "with the CPU limits lifted and applied).",
-                        epilog="example: autosync cluster check '2x1@1gbit;node1=100mbit;node1=cpu:0.5'")
-    c.add_argument("spec", type=_cluster_spec, metavar="SPEC", help="NODESxRANKS@BANDWIDTH[,LATENCY][;nodeK=...]")
-    c.add_argument("--seconds", type=_positive_float, default=0.5, help="length of each transfer (default 0.5 s)")
-    c.add_argument("--compute-seconds", type=_positive_float, default=2.0,
-                   help="length of each compute measurement (default 2 s; give stragglers several slices)")
-    c.add_argument("--json", action="store_true", help="print the measurements as JSON")
-    c.set_defaults(func=_cmd_cluster_check)
-    s = csub.add_parser("sweep", help="remove namespaces left by dead autosync runs",
-                        description="Delete the network namespaces (and their veths) of autosync runs whose process "
-                                    "is gone. --all deletes those of live runs too.")
-    s.add_argument("--all", action="store_true", help="also remove the namespaces of running autosync processes")
-    s.set_defaults(func=_cmd_cluster_sweep)
+@command("workloads", "list the built-in workloads",
+         "List the built-in workloads: name, default batch size per rank and what each trains (architectures built "
+         "from configs, learnable synthetic tasks). Any command's --workload also takes 'pkg.module:function' or "
+         "'path/file.py:function' returning (model, make_batch).", "example: autosync workloads")
+def _cmd_workloads(args) -> int:
+    from autosync.workloads import BUILTINS
 
-
-def _cmd_cluster_check(args) -> int:
-    import dataclasses
-    import json
-
-    from rich.table import Table
-
-    from autosync.api import emulated
-    from autosync.executor.emulate import can_emulate
-    from autosync.executor.linkcheck import check_compute, check_links, check_paths
-    from autosync.plans.selective import frontier
-
-    ok, why = can_emulate()
-    if not ok:
-        raise UserError(f"cannot emulate {args.spec}: {why}")
-    if args.spec.nodes < 2:
-        raise UserError(f"{args.spec} has one host: there is no host link to measure")
-    with emulated(args.spec) as cluster:
-        with cluster.pool(threads_per_rank=1) as pool:
-            rows = check_links(pool, args.spec, seconds=args.seconds)
-            paths = check_paths(pool, args.spec, seconds=args.seconds / 2) if args.spec.nodes >= 3 else None
-        with cluster.pool() as pool:
-            speeds = check_compute(pool, args.spec, cluster.limits, seconds=args.compute_seconds)
-    if args.json:
-        print(json.dumps({"links": [dataclasses.asdict(r) for r in rows], "paths_bps": paths,
-                          "compute": [dataclasses.asdict(r) for r in speeds]}))
-        return 0
-    table = Table(title=f"cluster {args.spec}: host links (each to its peer host)")
-    for col in ("host", "peer", "configured", "measured", "ratio", "configured latency", "measured latency"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(f"node{r.host}", f"node{r.peer}", f"{r.configured_bps / 1e6:,.0f} Mbit/s",
-                      f"{r.measured_bps / 1e6:,.1f} Mbit/s", f"{r.measured_bps / r.configured_bps:.2f}",
-                      f"{r.configured_latency_s * 1e3:.3f} ms", f"{r.measured_latency_s * 1e3:.3f} ms")
-    _console().print(table)
-    if paths:
-        n = args.spec.nodes
-        table = Table(title="host-to-host paths, measured Mbit/s (what selective receivers choose islands by)")
-        table.add_column("")
-        for b in range(n):
-            table.add_column(f"node{b}", justify="right")
-        for a in range(n):
-            table.add_row(f"node{a}", *("-" if a == b else f"{paths[a][b] / 1e6:,.0f}" for b in range(n)))
-        _console().print(table)
-        islands = frontier(paths, 1.0)
-        print("islands for sync mode selective (fastest first): "
-              + (", ".join(f"{p['text']} (reach {p['reach']:.0%})" for p in islands) if islands
-                 else "none (the paths are even: bsp or local SGD)"))
-    st = args.spec.stragglers
-    table = Table(title="compute speed per host (1 = a full share of this machine)"
-                  + (f"; stragglers {st.slowdown:g}x for {st.fraction:.0%} of the time" if st else ""))
-    for col in ("host", "configured", "measured", "matmuls/s"):
-        table.add_column(col, justify="right")
-    for r in speeds:
-        table.add_row(f"node{r.host}", f"{r.configured_speed:.2f}", f"{r.measured_speed:.2f}", f"{r.rate:,.0f}")
-    _console().print(table)
+    for name, info in BUILTINS.items():
+        print(f"{name:<14} batch {info.batch_size:<5} {' '.join(info.description.split())}")
     return 0
 
 
-def _cmd_cluster_sweep(args) -> int:
-    from autosync.executor.emulate import can_emulate, sweep
+@command("cluster check", "bring a cluster up, measure every host link and host speed, tear it down",
+         "Bring SPEC up, measure each host link with torch.distributed point-to-point transfers and a ping-pong, "
+         "print configured vs measured bandwidth and latency; then measure each host's compute speed (matrix "
+         "products on all ranks at once, with the CPU limits lifted and applied).",
+         "example: autosync cluster check '2x1@1gbit;node1=100mbit;node1=cpu:0.5'",
+         ("spec", "cluster", None, "NODESxRANKS@BANDWIDTH[,LATENCY][;nodeK=...]", {"metavar": "SPEC"}),
+         ("--seconds", "positive_float", 0.5, "length of each transfer (default 0.5 s)"),
+         ("--compute-seconds", "positive_float", 2.0, "length of each compute measurement (default 2 s; give "
+          "stragglers several slices)"), "json")
+def _cmd_cluster_check(args) -> int:
+    import json
 
-    ok, why = can_emulate()
-    if not ok:
-        raise UserError(f"cannot sweep: {why}")
-    removed = sweep(everything=args.all)
+    from autosync import api
+    from autosync.present.tables import print_cluster_check
+
+    check = api.check_cluster(args.spec, seconds=args.seconds, compute_seconds=args.compute_seconds)
+    print(json.dumps(check.to_dict())) if args.json else print_cluster_check(check)
+    return 0
+
+
+@command("cluster sweep", "remove namespaces left by dead autosync runs",
+         "Delete the network namespaces (and their veths) of autosync runs whose process is gone. --all deletes "
+         "those of live runs too.", None,
+         ("--all", "flag", False, "also remove the namespaces of running autosync processes"))
+def _cmd_cluster_sweep(args) -> int:
+    from autosync import api
+
+    removed = api.sweep(everything=args.all)
     print(f"removed {len(removed)} namespace(s) and cgroup(s)" + (": " + ", ".join(removed) if removed else ""))
     return 0
 
 
-def _run_under_torchrun(args) -> int:
-    """Inside torchrun: join the job's process group (env://) and run the trial here."""
-    import os
-    import time
-
-    import torch.distributed as dist
-
-    from autosync.executor.launch import RankContext
-    from autosync.executor.measure import TrialSpec, run_trial, summarize
-
-    from autosync.executor import device as dev
-
-    strategy, batch_size = _validate_run(args)
-    device = dev.default_device()
-    dev.set_device(device)
-    backend = dev.backend_for(device)
-    dist.init_process_group(backend)
-    ctx = RankContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                      device=device, backend=backend)
-    spec = TrialSpec(args.workload, strategy.canonical(), batch_size, args.warmup, args.steps, args.seed)
-    t0 = time.monotonic()
-    raw = run_trial(ctx, spec)
-    if ctx.rank == 0:
-        _print_result(summarize(spec, ctx.world_size, raw, time.monotonic() - t0), args.json,
-                      f"{args.workload} x {ctx.world_size} ranks (torchrun, {backend}/{device}), strategy {strategy.hash}")
-    dist.destroy_process_group()
-    return 0
-
-
-def _add_profile(sub) -> None:
-    p = sub.add_parser(
-        "profile", help="profile a workload and a cluster into profile.json",
-        description="Profile a workload (per-parameter sizes, bucket layout, forward/backward/optimizer times, "
-                    "gradient-ready times, FLOPs, peak memory) and a cluster (collective micro-benchmarks fitted "
-                    "to alpha + bytes*beta) on an emulated cluster, or with --nominal from the spec's numbers alone.",
-        epilog="example: autosync profile --workload bert-mini --cluster 2x1@1gbit --out profile.json")
-    p.add_argument("--workload", "--model", dest="workload", required=True, metavar="W", help="workload, as for run")
-    p.add_argument("--cluster", type=_cluster_spec, required=True, metavar="SPEC", help="cluster spec, e.g. 2x1@1gbit")
-    p.add_argument("--batch-size", type=_positive_int, default=None, help="per-rank batch size (default: the workload's)")
-    p.add_argument("--nominal", action="store_true",
-                   help="do not measure the network: take the spec's bandwidth and latency (a cluster you lack)")
-    p.add_argument("--out", default="profile.json", metavar="FILE", help="where to write the profile (default profile.json)")
-    p.add_argument("--timeout", type=_positive_float, default=900.0, help="time limit in seconds (default 900)")
-    p.add_argument("--unshaped", action="store_true",
-                   help="measure on this host's loopback without shaping the links (no root needed); the results "
-                        "are labelled unshaped and never mixed with shaped data")
-    _add_in_job(p, "--timeout is then also the limit of each collective.")
-    p.set_defaults(func=_job_aware(_cmd_profile))
-
-
+@command("profile", "profile a workload and a cluster into profile.json",
+         "Profile a workload (per-parameter sizes, bucket layout, forward/backward/optimizer times, gradient-ready "
+         "times, FLOPs, peak memory) and a cluster (collective micro-benchmarks fitted to alpha + bytes*beta) on an "
+         "emulated cluster, or with --nominal from the spec's numbers alone.",
+         "example: autosync profile --workload bert-mini --cluster 2x1@1gbit --out profile.json",
+         ("workload", "workload, as for run"), "cluster", "batch-size",
+         ("--nominal", "flag", False, "do not measure the network: take the spec's bandwidth and latency (a cluster "
+          "you lack)"), ("--out", "path", "profile.json", "where to write the profile (default profile.json)"),
+         ("--timeout", "positive_float", 900.0, "time limit in seconds (default 900)"), "unshaped",
+         ("--in-job", "flag", False, IN_JOB + "--timeout is then also the limit of each collective."), "backend")
 def _cmd_profile(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from autosync import api
+    from autosync.present.tables import console, print_profile
 
-    with Console(stderr=True).status(f"profiling {args.workload} and {args.cluster}"):
+    with console(stderr=True).status(f"profiling {args.workload} and {args.cluster}"):
         profile = api.profile(args.workload, args.cluster, batch_size=args.batch_size, nominal=args.nominal,
                               unshaped=args.unshaped, out=args.out, timeout=args.timeout, pool=args.pool)
-    m = profile.model
-    table = Table(title=f"profile of {args.workload} on {profile.context.label} -> {args.out}")
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    for what, value in [("parameters", f"{sum(p.numel for p in m.params) / 1e6:.2f} M in {len(m.params)} tensors"),
-                        ("buckets at 25 MB", str(len(m.buckets(25)))),
-                        ("forward / backward / optimizer", f"{m.forward_s * 1e3:.1f} / {m.backward_s * 1e3:.1f} / "
-                                                           f"{m.optimizer_s * 1e3:.1f} ms"),
-                        ("FLOPs per step", f"{m.flops_per_step / 1e9:.2f} G"),
-                        ("peak memory", f"{m.peak_mem_mb:,.0f} MB")]:
-        table.add_row(what, value)
-    for scope, fits in profile.network.fits.items():
-        f = fits["all_reduce"]
-        table.add_row(f"all_reduce ({scope})", f"alpha {f.alpha_s * 1e6:,.0f} us, "
-                                               f"{_bandwidth_text(f.bandwidth_bps, profile.network.world_size)}")
-    _console().print(table)
+    print_profile(profile, args.workload, args.out)
     return 0
 
 
-def _bandwidth_text(bps: float, world_size: int) -> str:
-    """A fit with no time per byte has infinite bandwidth; at one rank that is because nothing is sent."""
-    if bps != float("inf"):
-        return f"{bps / 1e6:,.0f} Mbit/s"
-    return "nothing sent (1 rank)" if world_size == 1 else "no time per byte measured"
-
-
-def _add_collect(sub) -> None:
-    p = sub.add_parser(
-        "collect", help="measure baselines and random strategies into a dataset",
-        description="Build the runtime dataset: for every (workload, cluster) context, profile once, then measure "
-                    "every hand-crafted baseline and N random strategies on the emulated cluster, keeping the rank "
-                    "processes alive across trials. Each result is appended at once; run the same command again "
-                    "after an interruption and it skips what is stored.",
-        epilog="example: autosync collect --workloads mlp ncf --clusters 2x1@100mbit 2x2@1gbit --per-context 20")
-    p.add_argument("--workloads", nargs="+", required=True, metavar="W", help="workloads, as for run")
-    p.add_argument("--clusters", nargs="+", required=True, type=_cluster_spec, metavar="SPEC", help="cluster specs")
-    p.add_argument("--per-context", type=_non_negative_int, default=20,
-                   help="random strategies per context, besides the baselines (default 20)")
-    p.add_argument("--data", default="autosync-data", metavar="DIR", help="dataset directory (default ./autosync-data)")
-    p.add_argument("--batch-size", type=_positive_int, default=None, help="per-rank batch size (default: the workload's)")
-    p.add_argument("--timeout", type=_positive_float, default=90.0, help="time limit of each trial (default 90 s)")
-    p.add_argument("--budget", type=_positive_float, default=4.0,
-                   help="about how long the timed steps of one trial may take (default 4 s; at least 3 steps)")
-    p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random draws (default 0)")
-    p.add_argument("--unshaped", action="store_true",
-                   help="measure on this host's loopback without shaping the links (no root needed); the results "
-                        "are labelled unshaped and never mixed with shaped data")
-    p.add_argument("--beyond-range", action="store_true",
-                   help="measure even a cluster beyond what this machine emulates faithfully (more than 2 ranks per "
-                        "core, or links faster than it carries); results are labelled emulated-beyond")
-    _add_in_job(p, "Give one --clusters spec; --timeout is then also the limit of each collective.")
-    p.set_defaults(func=_job_aware(_cmd_collect))
-
-
+@command("collect", "measure baselines and random strategies into a dataset",
+         "Build the runtime dataset: for every (workload, cluster) context, profile once, then measure every "
+         "hand-crafted baseline and N random strategies on the emulated cluster, keeping the rank processes alive "
+         "across trials. Each result is appended at once; run the same command again after an interruption and it "
+         "skips what is stored.",
+         "example: autosync collect --workloads mlp ncf --clusters 2x1@100mbit 2x2@1gbit --per-context 20",
+         ("--workloads", "str", None, "workloads, as for run", {"nargs": "+", "required": True, "metavar": "W"}),
+         ("--clusters", "cluster", None, "cluster specs", {"nargs": "+", "required": True}),
+         ("--per-context", "nonneg_int", 20, "random strategies per context, besides the baselines (default 20)"),
+         "data", "batch-size", ("--timeout", "positive_float", 90.0, "time limit of each trial (default 90 s)"),
+         ("--budget", "positive_float", 4.0, "about how long the timed steps of one trial may take (default 4 s; at "
+          "least 3 steps)"), ("seed", "seed of the random draws (default 0)"), "unshaped", "beyond-range",
+         ("--in-job", "flag", False, IN_JOB + "Give one --clusters spec; --timeout is then also the limit of each "
+          "collective."), "backend")
 def _cmd_collect(args) -> int:
     from autosync import api
 
@@ -391,376 +261,172 @@ def _cmd_collect(args) -> int:
     return 0
 
 
-def _add_efficiency(sub) -> None:
-    p = sub.add_parser(
-        "efficiency", help="measure what lossy strategies cost in convergence (statistical efficiency)",
-        description="For the lossy strategies a dataset's trials hold, train each against the lossless DDP default "
-                    "(paired: same initial weights, data order and learning rate) on loopback ranks, and store its "
-                    "statistical efficiency (samples the default needs to reach a target evaluation loss / samples "
-                    "it needs) in the dataset's efficiency table. The math does not depend on the network, so one "
-                    "measurement serves every cluster with the same world size. Resumes: stored keys are skipped.",
-        epilog="example: autosync efficiency --data autosync-data --workloads mlp --per-group 10")
-    p.add_argument("--data", default="autosync-data", metavar="DIR", help="dataset directory (default ./autosync-data)")
-    p.add_argument("--workloads", nargs="+", default=None, metavar="W", help="only these workloads (default: all)")
-    p.add_argument("--worlds", nargs="+", type=_positive_int, default=None, metavar="N",
-                   help="only these world sizes (default: all)")
-    p.add_argument("--per-group", type=_positive_int, default=10,
-                   help="lossy keys per (workload, batch, world) group (default 10)")
-    p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the order of the keys (default 0)")
-    p.add_argument("--timeout", type=_positive_float, default=1800.0, help="time limit of one training run (s)")
-    p.add_argument("--again", action="store_true",
-                   help="instead, measure again every stored row an older protocol measured differently (censored "
-                        "at the horizon: it read 0 and is not reused), with its own strategy; --workloads and "
-                        "--worlds still select, --per-group and --seed do not apply")
-    p.set_defaults(func=_cmd_efficiency)
-
-
+@command("efficiency", "measure what lossy strategies cost in convergence (statistical efficiency)",
+         "For the lossy strategies a dataset's trials hold, train each against the lossless DDP default (paired: "
+         "same initial weights, data order and learning rate) on loopback ranks, and store its statistical "
+         "efficiency (samples the default needs to reach a target evaluation loss / samples it needs) in the "
+         "dataset's efficiency table. The math does not depend on the network, so one measurement serves every "
+         "cluster with the same world size. Resumes: stored keys are skipped.",
+         "example: autosync efficiency --data autosync-data --workloads mlp --per-group 10",
+         "data", ("--workloads", "str", None, "only these workloads (default: all)", {"nargs": "+", "metavar": "W"}),
+         ("--worlds", "positive_int", None, "only these world sizes (default: all)", {"nargs": "+", "metavar": "N"}),
+         ("--per-group", "positive_int", 10, "lossy keys per (workload, batch, world) group (default 10)"),
+         ("seed", "seed of the order of the keys (default 0)"),
+         ("--timeout", "positive_float", 1800.0, "time limit of one training run (s)"),
+         ("--again", "flag", False, "instead, measure again every stored row an older protocol measured differently "
+          "(censored at the horizon: it read 0 and is not reused), with its own strategy; --workloads and --worlds "
+          "still select, --per-group and --seed do not apply"))
 def _cmd_efficiency(args) -> int:
-    from autosync.efficiency.collect import collect
+    from autosync import api
 
-    store = _data_store(args.data)
-    store.read()  # a damaged dataset is reported before anything runs
-    counts = collect(store, args.workloads, args.worlds, args.per_group, args.seed, args.timeout,
-                                progress=lambda text: print(text, file=sys.stderr, flush=True),
-                                again=args.again)
-    print(f"efficiency: {counts['ok']} measured, {counts['failed'] + counts['timeout']} failed, {counts['flat']} with a "
-          f"reference too flat to measure, {counts['stored']} already stored "
-          f"-> {store.root}")
+    counts, root = api.efficiency(args.data, args.workloads, args.worlds, args.per_group, args.seed, args.timeout,
+                                  args.again, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    print(f"efficiency: {counts['ok']} measured, {counts['failed'] + counts['timeout']} failed, {counts['flat']} with "
+          f"a reference too flat to measure, {counts['stored']} already stored -> {root}")
     return 0
 
 
-SHIPPED_DATA = "shipped"
+# --- data and models ------------------------------------------------------------------------------
 
-
-def _data_store(path: str):
-    from autosync import datasets
-    from autosync.datasets.store import DatasetStore
-
-    if path == SHIPPED_DATA:
-        path = str(datasets.SHIPPED_DATA)
-    store = DatasetStore(path, create=False)
-    return store
-
-
-def _add_merge(sub) -> None:
-    p = sub.add_parser(
-        "merge", help="add the trials of other datasets to one",
-        description="Add every trial, efficiency measurement and profile of the SOURCE datasets to --data (created "
-                    "if missing). A row whose (context, strategy) is stored there already is kept as it is, so "
-                    "merging the same source twice adds nothing. Use it to pool datasets collected on several "
-                    "machines, or your own with the shipped one, before `autosync train`.",
-        epilog="example: autosync merge shipped my-cluster-data --data pooled")
-    p.add_argument("sources", nargs="+", metavar="SOURCE",
-                   help="dataset directories to read ('shipped': the dataset shipped with autosync)")
-    p.add_argument("--data", required=True, metavar="DIR", help="the dataset to add them to (created if missing)")
-    p.set_defaults(func=_cmd_merge)
-
-
+@command("merge", "add the trials of other datasets to one",
+         "Add every trial, efficiency measurement and profile of the SOURCE datasets to --data (created if missing). "
+         "A row whose (context, strategy) is stored there already is kept as it is, so merging the same source twice "
+         "adds nothing. Use it to pool datasets collected on several machines, or your own with the shipped one, "
+         "before `autosync train`.", "example: autosync merge shipped my-cluster-data --data pooled",
+         ("sources", "str", None, "dataset directories to read ('shipped': the dataset shipped with autosync)",
+          {"nargs": "+", "metavar": "SOURCE"}),
+         ("--data", "str", None, "the dataset to add them to (created if missing)", {"required": True, "metavar": "DIR"}))
 def _cmd_merge(args) -> int:
-    from autosync.datasets.store import DatasetStore
-    from autosync.outputs import check_output
+    from autosync import api
 
-    sources = [_data_store(s) for s in args.sources]
-    for s in sources:
-        s.read()   # a damaged source is reported before anything is written
-    check_output(args.data, "dataset", directory=True)
-    into = DatasetStore(args.data)
-    into.read()
-    for source, name in zip(sources, args.sources):
-        n = into.merge(source)
+    for name, n in zip(args.sources, api.merge(args.sources, args.data)):
         kept = f", {n['profiles_kept']} profiles differ (this dataset's kept)" if n["profiles_kept"] else ""
         print(f"merge: {name}: {n['trials']} trials, {n['efficiency']} efficiency rows, {n['profiles']} profiles "
-              f"added{kept} -> {into.root}")
+              f"added{kept} -> {args.data}")
     return 0
 
 
-def _add_train(sub) -> None:
-    p = sub.add_parser("train", help="train the LightGBM cost model on a dataset",
-                       description="Fit the cost model (LightGBM ranker or regressor on the speedup over the DDP "
-                                   "default) to a dataset and save it as LightGBM text plus a JSON card. With "
-                                   "--evaluate, the card carries its leave-one-workload/cluster-out metrics.")
-    p.add_argument("--data", default=SHIPPED_DATA, metavar="DIR",
-                   help="dataset directory (default: the dataset shipped with autosync)")
-    p.add_argument("--out", default="autosync-model", metavar="DIR", help="output directory (default ./autosync-model)")
-    p.add_argument("--kind", choices=["ranker", "regressor"], default="ranker", help="model kind (default ranker)")
-    p.add_argument("--evaluate", action="store_true", help="also run the held-out evaluation and store it in the card")
-    p.add_argument("--seed", type=_non_negative_int, default=0)
-    p.set_defaults(func=_cmd_train)
-
-
+@command("train", "train the LightGBM cost model on a dataset",
+         "Fit the cost model (LightGBM ranker or regressor on the speedup over the DDP default) to a dataset and save "
+         "it as LightGBM text plus a JSON card. With --evaluate, the card carries its leave-one-workload/cluster-out "
+         "metrics.", None,
+         ("--data", "str", "shipped", "dataset directory (default: the dataset shipped with autosync)"),
+         ("--out", "str", "autosync-model", "output directory (default ./autosync-model)", {"metavar": "DIR"}),
+         ("--kind", ("ranker", "regressor"), "ranker", "model kind (default ranker)"),
+         ("--evaluate", "flag", False, "also run the held-out evaluation and store it in the card"), "seed")
 def _cmd_train(args) -> int:
-    from autosync.models.train import train_and_save
-    from autosync.outputs import check_output
+    from autosync import api
 
-    check_output(args.out, "model", directory=True)
-    store = _data_store(args.data)
-    card = train_and_save(store, args.out, args.kind, args.evaluate, args.seed)
+    card = api.train(args.data, args.out, args.kind, args.evaluate, args.seed)
     print(f"trained {card['kind']} on {card['rows']} trials of {card['contexts']} contexts -> {args.out}")
-    if "held_out" in card:
-        for split, figures in card["held_out"].items():
-            print(f"  leave-one-{split}-out: pairwise {figures['pairwise']:.3f}, top-1 regret {figures['regret']:.1%}")
+    for split, figures in card.get("held_out", {}).items():
+        print(f"  leave-one-{split}-out: pairwise {figures['pairwise']:.3f}, top-1 regret {figures['regret']:.1%}")
     return 0
 
 
-def _add_evaluate(sub) -> None:
-    p = sub.add_parser("evaluate", help="held-out transfer evaluation of the cost model",
-                       description="Leave-one-workload-out and leave-one-cluster-out evaluation: pairwise ranking "
-                                   "accuracy, Kendall tau, top-1 regret and top-5 hit, for the LightGBM ranker, the "
-                                   "regressor, the simulator alone and the ranker without simulator features.")
-    p.add_argument("--data", default=SHIPPED_DATA, metavar="DIR", help="dataset directory (default: shipped)")
-    p.add_argument("--split", choices=["workload", "cluster", "both"], default="both")
-    p.add_argument("--plot", default="transfer.png", metavar="PNG", help="where to write the plot (default transfer.png)")
-    p.add_argument("--markdown", metavar="FILE", help="also write the summary table as Markdown")
-    p.add_argument("--seed", type=_non_negative_int, default=0)
-    p.set_defaults(func=_cmd_evaluate)
-
-
+@command("evaluate", "held-out transfer evaluation of the cost model",
+         "Leave-one-workload-out and leave-one-cluster-out evaluation: pairwise ranking accuracy, Kendall tau, top-1 "
+         "regret and top-5 hit, for the LightGBM ranker, the regressor, the simulator alone and the ranker without "
+         "simulator features.", None,
+         ("--data", "str", "shipped", "dataset directory (default: shipped)"),
+         ("--split", ("workload", "cluster", "both"), "both", "which groups to hold out (default both)"),
+         ("--plot", "str", "transfer.png", "where to write the plot (default transfer.png)", {"metavar": "PNG"}),
+         ("--markdown", "path", None, "also write the summary table as Markdown"), "seed")
 def _cmd_evaluate(args) -> int:
-    from pathlib import Path
+    from autosync import api
+    from autosync.present.tables import console, print_transfer
 
-    from rich.console import Console
-    from rich.table import Table
-
-    from autosync.models import training, transfer
-    from autosync.outputs import check_output
-
-    check_output(args.plot, "plot")
-    if args.markdown:
-        check_output(args.markdown, "Markdown table")
-    data = training.build(_data_store(args.data))
-    splits = ("workload", "cluster") if args.split == "both" else (args.split,)
-    with Console(stderr=True).status("training and scoring held-out groups"):
-        report = transfer.evaluate(data, splits, seed=args.seed)
-    table = Table(title=f"transfer to held-out groups ({len(data.frame)} trials, "
-                        f"{data.frame.context_id.nunique()} contexts)")
-    for col in ("split", "method", "pairwise acc.", "Kendall tau", "top-1 regret", "best in top 5"):
-        table.add_column(col, justify="right")
-    for _, r in report.summary.iterrows():
-        table.add_row(f"leave-one-{r.split}-out", str(r.method), f"{r.pairwise:.3f}", f"{r.kendall_tau:.3f}",
-                      f"{r.regret:.1%}", f"{r.top5_hit:.0%}")
-    _console().print(table)
-    transfer.plot(report, args.plot)
-    if args.markdown:
-        Path(args.markdown).write_text(report.to_markdown() + "\n")
+    with console(stderr=True).status("training and scoring held-out groups"):
+        report, data = api.evaluate(args.data, ("workload", "cluster") if args.split == "both" else (args.split,),
+                                    args.seed, plot=args.plot, markdown=args.markdown)
+    print_transfer(report, data)
     print(f"plot -> {args.plot}")
     return 0
 
 
-def _storage_url(text: str) -> str:
-    from sqlalchemy.engine import make_url
+# --- tune, bench ----------------------------------------------------------------------------------
 
-    try:
-        make_url(text)
-    except Exception:  # noqa: BLE001 - sqlalchemy's ArgumentError and friends
-        raise argparse.ArgumentTypeError(f"{text!r} is not a database URL (e.g. sqlite:///tune.db, "
-                                         "postgresql://user@host:5432/db)") from None
-    return text
+def _tune_options() -> list:
+    """``autosync tune``'s options: the TuneConfig's fields (their defaults and help are written there), and the
+    command's own."""
+    from dataclasses import fields
 
+    from autosync.search.config import TuneConfig
 
-def _add_tune(sub) -> None:
-    p = sub.add_parser(
-        "tune", help="find the best synchronization strategy (the main job)",
-        description="Profile the workload and the cluster, let Optuna propose strategies scored by the LightGBM cost "
-                    "model, measure the most promising ones for real on the emulated cluster (plus the DDP default and "
-                    "the best-predicted hand-crafted baseline), and write the fastest measured strategy. It never "
-                    "recommends something slower than the measured DDP default.",
-        epilog="example: autosync tune --workload bert-mini --cluster 2x1@100mbit --measure 8 --out strategy.yaml")
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--workload", metavar="W", help="a built-in workload, or 'pkg.module:function'")
-    which.add_argument("--model", metavar="FN", help="your own workload: 'pkg.module:function' or 'file.py:function'")
-    p.add_argument("--cluster", type=_cluster_spec, required=True, metavar="SPEC", help="cluster spec, e.g. 2x1@1gbit")
-    p.add_argument("--measure", type=_non_negative_int, default=8,
-                   help="strategies to measure for real, references included (default 8; 0 = predict only, "
-                        "for a cluster you do not have)")
-    p.add_argument("--objective", choices=["time-to-loss", "throughput", "lossless"], default=None,
-                   help="what to optimize: time-to-loss (default) = samples/s x statistical efficiency, with the "
-                        "efficiency of lossy finalists measured against the DDP default before they can be picked; "
-                        "throughput = samples/s, blind to what lossy strategies cost in convergence; lossless = "
-                        "samples/s among strategies that keep DDP's math")
-    p.add_argument("--lossless", action="store_true", help="the same as --objective lossless")
-    p.add_argument("--confirm-rounds", type=_non_negative_int, default=3,
-                   help="re-measure the two best and the DDP default interleaved this many rounds and pick by "
-                        "medians; a winner must beat the runner-up beyond the spread, else the simpler wins "
-                        "(default 3; 0 = off)")
-    p.add_argument("--storage", type=_storage_url, default="sqlite:///autosync-tune.db", metavar="URL",
-                   help="Optuna storage; share a PostgreSQL URL between workers (default sqlite:///autosync-tune.db)")
-    p.add_argument("--out", default="strategy.yaml", metavar="FILE", help="recommended strategy (default strategy.yaml)")
-    p.add_argument("--plot", default=None, metavar="PNG", help="predicted vs measured plot (default: next to --out)")
-    p.add_argument("--report", default=None, metavar="HTML",
-                   help="self-contained report of the tune: context, pick, every measured strategy, plots "
-                        "(default: next to --out, e.g. strategy.html)")
-    p.add_argument("--data", default="autosync-data", metavar="DIR",
-                   help="where measurements are appended (default ./autosync-data)")
-    p.add_argument("--batch-size", type=_positive_int, default=None, help="per-rank batch size (default: the workload's)")
-    p.add_argument("--candidates", type=_positive_int, default=500, help="candidates scored in the first round (default 500)")
-    p.add_argument("--cost-model", metavar="DIR", default=None,
-                   help="a model from `autosync train` (default: the shipped one, with calibrated 80%% intervals)")
-    p.add_argument("--zero-shot", choices=["point", "lower"], default="point",
-                   help="with --measure 0, pick by the point estimate (default) or by the lower bound of the "
-                        "predicted 80%% interval (conservative; held out it reached a median 0.73 of a measured tune's "
-                        "pick against the point's 0.98: bench/results/zero_shot.md); the output shows the other rule's "
-                        "pick and every pick's interval")
-    p.add_argument("--timeout", type=_positive_float, default=90.0,
-                   help="time limit of each measured trial; all its ranks are killed past it (default 90 s)")
-    p.add_argument("--profile", metavar="FILE", default=None,
-                   help="a profile from `autosync profile` of this workload and cluster, used instead of profiling "
-                        "(e.g. one measured in the real job by `autosync profile --in-job`, with --measure 0)")
-    p.add_argument("--seed", type=_non_negative_int, default=0)
-    p.add_argument("--unshaped", action="store_true",
-                   help="measure on this host's loopback without shaping the links (no root needed); the results "
-                        "are labelled unshaped and never mixed with shaped data")
-    p.add_argument("--beyond-range", action="store_true",
-                   help="measure even a cluster beyond what this machine emulates faithfully (more than 2 ranks per "
-                        "core, or links faster than it carries); results are labelled emulated-beyond")
-    _add_in_job(p, "A trial that fails ends the job so that torchrun --max-restarts starts it again with a fresh "
-                   "process group; the search resumes from the dataset and the study, the failed trial stored "
-                   "with its reason. --timeout is then also the limit of each collective.")
-    p.set_defaults(func=_job_aware(_cmd_tune))
+    out = []
+    for f in fields(TuneConfig):
+        if f.metadata:   # the objective defaults to None here, so that --lossless can tell it was not given
+            out.append((f.metadata["flag"], f.metadata["kind"], None if f.name == "objective" else f.default,
+                        f.metadata["help"], {"dest": f.name}))
+    return out + [("--lossless", "flag", False, "the same as --objective lossless"),
+                  ("--out", "path", "strategy.yaml", "recommended strategy (default strategy.yaml)"),
+                  ("--plot", "str", None, "predicted vs measured plot (default: next to --out)", {"metavar": "PNG"}),
+                  ("--report", "str", None, "self-contained report of the tune: context, pick, every measured strategy, "
+                   "plots (default: next to --out, e.g. strategy.html)", {"metavar": "HTML"}),
+                  ("--in-job", "flag", False, IN_JOB + "A trial that fails ends the job so that torchrun "
+                   "--max-restarts starts it again with a fresh process group; the search resumes from the dataset "
+                   "and the study, the failed trial stored with its reason. --timeout is then also the limit of each "
+                   "collective."), "backend"]
 
 
+@command("tune", "find the best synchronization strategy (the main job)",
+         "Profile the workload and the cluster, let Optuna propose strategies scored by the LightGBM cost model, "
+         "measure the most promising ones for real on the emulated cluster (plus the DDP default and the "
+         "best-predicted hand-crafted baseline), and write the fastest measured strategy. It never recommends "
+         "something slower than the measured DDP default.",
+         "example: autosync tune --workload bert-mini --cluster 2x1@100mbit --measure 8 --out strategy.yaml",
+         "cluster", _tune_options)
 def _cmd_tune(args) -> int:
-    import math
     from pathlib import Path
 
     from autosync.outputs import check_output
 
     check_output(args.out, "strategy file")     # before the imports of torch and the rest (seconds)
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
-    check_output(plot_path, "plot")
     report_path = args.report or str(Path(args.out).with_suffix(".html"))
+    check_output(plot_path, "plot")
     check_output(report_path, "report")
-    if args.lossless and args.objective not in (None, "lossless"):
-        raise UserError(f"--lossless contradicts --objective {args.objective}")
+    from autosync import api
+    from autosync.present.tables import console, print_tune
+    from autosync.search.config import TuneConfig
 
-    from rich.console import Console
-    from rich.table import Table
-
-    from autosync.api import resolve_workload, run_tune
-    from autosync.search.trials import TrialSettings
-    from autosync.search.tuner import measured_rows, plot_predicted_vs_measured, strategy_file_text, uncertainty_lines
-
-    objective = "lossless" if args.lossless else (args.objective or "time-to-loss")
-    workload = resolve_workload(args.workload or args.model, batch_size=args.batch_size)
-    err = Console(stderr=True)
+    config = TuneConfig.build(lossless=args.lossless, **{name: getattr(args, name) for name, _ in TuneConfig.options()})
+    workload = api.resolve_workload(args.workload or args.model, batch_size=args.batch_size)
+    err = console(stderr=True)
     with err.status("starting") as status:
         def on_measured(m):
             err.print(f"  measured {m.source:<18} {m.strategy.hash}  {m.status:<7} {m.samples_per_s:10,.1f} samples/s"
                       + (f"  ({m.reason})" if m.reason else ""), markup=False, highlight=False)
 
-        result, profile = run_tune(workload, args.cluster, args.measure, objective == "lossless", args.storage,
-                                   args.data, args.batch_size, args.cost_model, args.seed, args.candidates,
-                                   on_measured=on_measured, status=lambda text: status.update(text),
-                                   profile_path=args.profile, settings=TrialSettings(timeout_s=args.timeout),
-                                   unshaped=args.unshaped, objective=objective, confirm_rounds=args.confirm_rounds,
-                                   pool=args.pool, beyond_range=args.beyond_range, zero_shot=args.zero_shot)
-    Path(args.out).write_text(strategy_file_text(result, profile))
-    console = _console()
-    if result.measured:
-        table = Table(title=f"measured on {profile.context.label} ({workload}, batch {profile.model.batch_size}/rank; "
-                            f"objective {result.objective})")
-        rows = measured_rows(result)
-        peers = any(r["worker"] for r in rows)
-        cols = ["source", "strategy", "lossy", "predicted", "status", "samples/s", "+-spread", "speedup",
-                "efficiency", "time to target"] + (["by"] if peers else [])
-        for col in cols:
-            table.add_column(col, justify="right")
-        for r in rows:
-            pred = "-" if math.isnan(r["predicted_speedup"]) else f"{r['predicted_speedup']:.2f}x"
-            if r["predicted_interval"] and pred != "-":
-                pred += " [{:.2f}-{:.2f}]".format(*r["predicted_interval"])
-            tt = ("-" if r["time_speedup"] is None else "never" if r["time_speedup"] == 0 else
-                  f"{r['time_speedup']:.2f}x" + (" pred." if r["time_speedup_predicted"] else ""))
-            cells = [r["source"], r["hash"][:8], "yes" if r["lossy"] == "lossy" else "no", pred, r["status"],
-                     f"{r['samples_per_s']:,.1f}" if r["samples_per_s"] else "-",
-                     f"{r['spread'] / 2:.0%} ({r['rounds']})" if r["spread"] is not None else "-",
-                     f"{r['speedup']:.2f}x" if r["speedup"] else "-", r["efficiency_short"], tt]
-            table.add_row(*cells, *([r["worker"] or "this run"] if peers else []))
-        console.print(table)
-        plot_predicted_vs_measured(result, plot_path)
-        console.print(f"plot -> {plot_path}")
-    from autosync.datasets.store import DatasetStore
-    from autosync.present.report import write_report
-
-    data = DatasetStore(args.data, create=False) if Path(args.data).is_dir() else None
-    write_report(result, profile, report_path, data)
-    console.print(f"report -> {report_path}")
-    summary = f"recommended: {result.source} ({result.strategy.hash}, {'lossless' if result.strategy.is_lossless else 'LOSSY'})"
-    if result.speedup_over_default:
-        summary += f", {result.speedup_over_default:.2f}x the DDP default per step"
-        tt = result.time_speedup(result.pick) if result.pick else None
-        if result.pick and result.pick.lossy and tt:
-            summary += f", {tt:.2f}x to the target loss (efficiency {result.pick.efficiency:.2f})"
-    if result.speedup_over_best_baseline:
-        summary += f", {result.speedup_over_best_baseline:.2f}x the best baseline ({result.best_baseline[0]})"
-    if not math.isnan(result.predicted_speedup):
-        summary += f"; predicted {result.predicted_speedup:.2f}x"
-    console.print(summary, markup=False)
-    for line in uncertainty_lines(result):
-        console.print(line, markup=False)
-    if result.why:
-        console.print(f"why not the fastest per step: {result.why}", markup=False)
-    if result.note:
-        console.print(f"note: {result.note}", markup=False)
-    if result.peer_measurements_seen:
-        console.print(f"shared study: proposals learned from {result.peer_measurements_seen} measurement(s) of other "
-                      f"workers", markup=False)
-    console.print(f"search overhead {result.search_seconds:.1f} s for {result.candidates_scored} candidates; "
-                  f"strategy -> {args.out}", markup=False)
+        result, profile = api.run_tune(workload, args.cluster, config, on_measured=on_measured,
+                                       status=lambda text: status.update(text), pool=args.pool)
+    print_tune(result, profile, workload, args.out, plot_path, report_path, args.data)
     return 0
 
 
-def _bench_dir():
-    from pathlib import Path
-
-    return Path(__file__).resolve().parent.parent / "bench"
-
-
-def _add_bench(sub) -> None:
-    p = sub.add_parser(
-        "bench", help="run one of the benchmarks of a source checkout (bench/*.py)",
-        description="Run a benchmark script from the source checkout's bench/ folder; it prints its table and "
-                    "writes it to bench/results/. Arguments after the name go to the script (try NAME --help).",
-        epilog="example: autosync bench hook_overhead   |   autosync bench --list")
-    p.add_argument("name", nargs="?", metavar="NAME", help="benchmark name (a bench/NAME.py)")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
-    p.add_argument("--list", action="store_true", help="list the benchmarks and what they measure")
-    p.set_defaults(func=_cmd_bench)
-
-
+@command("bench", "run one of the benchmarks of a source checkout (bench/*.py)",
+         "Run a benchmark script from the source checkout's bench/ folder; it prints its table and writes it to "
+         "bench/results/. Arguments after the name go to the script (try NAME --help).",
+         "example: autosync bench hook_overhead   |   autosync bench --list",
+         ("name", "str", None, "benchmark name (a bench/NAME.py)", {"nargs": "?", "metavar": "NAME"}),
+         ("args", "str", None, "arguments for the benchmark", {"nargs": argparse.REMAINDER}),
+         ("--list", "flag", False, "list the benchmarks and what they measure"))
 def _cmd_bench(args) -> int:
-    import ast
     import subprocess
 
-    folder = _bench_dir()
-    if not folder.is_dir():
-        raise UserError("the benchmarks live in bench/ of a source checkout, which this installation does not have")
-    scripts = {p.stem: p for p in sorted(folder.glob("*.py")) if not p.name.startswith("_")}  # _*.py: helpers
+    from autosync import api
+
+    scripts = api.benchmarks()
     if args.list or not args.name:
-        for name, path in scripts.items():
-            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-            print(f"{name:<22} {doc.splitlines()[0] if doc else ''}")
+        for name, (_, doc) in scripts.items():
+            print(f"{name:<22} {doc}")
         return 0
     if args.name not in scripts:
         raise UserError(f"unknown benchmark {args.name!r}; choose from {', '.join(scripts)}")
-    return subprocess.call([sys.executable, str(scripts[args.name]), *args.args])
+    return subprocess.call([sys.executable, str(scripts[args.name][0]), *args.args])
 
 
-def _add_workloads(sub) -> None:
-    p = sub.add_parser("workloads", help="list the built-in workloads",
-                       description="List the built-in workloads: name, default batch size per rank and what each "
-                                   "trains (architectures built from configs, learnable synthetic tasks). "
-                                   "Any command's --workload also takes 'pkg.module:function' or "
-                                   "'path/file.py:function' returning (model, make_batch).",
-                       epilog="example: autosync workloads")
-    p.set_defaults(func=_cmd_workloads)
-
-
-def _cmd_workloads(args) -> int:
-    from autosync.workloads import BUILTINS
-
-    for name, info in BUILTINS.items():
-        print(f"{name:<14} batch {info.batch_size:<5} {' '.join(info.description.split())}")
-    return 0
+JOB_AWARE = {"run": True, "profile": False, "collect": False, "tune": False}   # True: also whenever under torchrun
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -769,17 +435,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    _add_run(sub)
-    _add_workloads(sub)
-    _add_cluster(sub)
-    _add_profile(sub)
-    _add_collect(sub)
-    _add_efficiency(sub)
-    _add_merge(sub)
-    _add_train(sub)
-    _add_evaluate(sub)
-    _add_tune(sub)
-    _add_bench(sub)
+    groups = {"cluster": ("emulated clusters: check links, sweep leftovers",
+                          "Emulated clusters on this machine (network namespaces + tc; needs root).")}
+    for name, func, help_, description, epilog, options in COMMANDS:
+        where, _, action = name.rpartition(" ")
+        if where and isinstance(groups[where], tuple):
+            g = sub.add_parser(where, help=groups[where][0], description=groups[where][1])
+            groups[where] = g.add_subparsers(dest=f"{where}_command", metavar="ACTION", parser_class=_Parser)
+            groups[where].required = True
+        p = (groups[where] if where else sub).add_parser(action, help=help_, description=description, epilog=epilog)
+        if name == "tune":   # a built-in workload or the user's own: one of them
+            which = p.add_mutually_exclusive_group(required=True)
+            which.add_argument("--workload", metavar="W", help="a built-in workload, or 'pkg.module:function'")
+            which.add_argument("--model", metavar="FN", help="your own workload: 'pkg.module:function' or "
+                               "'file.py:function'")
+        for option in options:
+            for o in option() if callable(option) else [option]:
+                _add_option(p, o)
+        p.set_defaults(func=_job_aware(func, JOB_AWARE[name]) if name in JOB_AWARE else func)
     return parser
 
 

@@ -40,6 +40,7 @@ from autosync.profiler import Profile
 from autosync.search.baselines import baselines
 from autosync.search.collect import context_profile
 from autosync.search.trials import TrialSettings
+from autosync.search.config import TuneConfig
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
 from _results import RESULTS, load_rows, run_contexts, speedup_bars, write as write_result
@@ -64,10 +65,10 @@ def run_context(pool, cluster, spec, wl, args, shipped, base, cost_model, eff_mo
         picks = {arm: (hand[arm], arm) for arm in ARMS if arm in hand}
         picks["DDP default"] = (Strategy.default(), "ddp_default")
         t0 = time.monotonic()
-        result = tune(profile, cost_model, args.measure, DatasetStore(work / "trials"), f"sqlite:///{work}/tune.db",
-                      pool, base, seed=args.seed, settings=settings, workload=wl, objective="time-to-loss",
-                      efficiency_model=eff_model, noise_scale=meter.noise_scale(), meter=meter,
-                      confirm_rounds=args.confirm_rounds, on_progress=say)
+        config = TuneConfig(measure=args.measure, storage=f"sqlite:///{work}/tune.db", seed=args.seed,
+                            objective="time-to-loss", confirm_rounds=args.confirm_rounds)
+        result = tune(profile, cost_model, config, DatasetStore(work / "trials"), pool, base, workload=wl,
+                      efficiency_model=eff_model, noise_scale=meter.noise_scale(), meter=meter, on_progress=say)
         picks["autosync"] = (result.strategy, result.source)
         row["search_s"], row["why"] = time.monotonic() - t0, result.why
         row["pick"] = result.strategy.canonical()

@@ -40,6 +40,7 @@ from autosync.search.baselines import baselines
 from autosync.search.collect import context_profile
 from autosync.executor.launch import TrialFailure
 from autosync.search.trials import TrialSettings, measure_strategy
+from autosync.search.config import TuneConfig
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
 from _results import RESULTS, load_rows, run_contexts, speedup_bars, write as write_result
@@ -84,12 +85,13 @@ def run_context(pool, cluster, spec, wl, args, shipped, base, cost_model, eff_mo
         picks = {"DDP default": (Strategy.default(), "ddp_default"), "best baseline": (hand[best], best)}
         for name, objective in (("tune ttl", "time-to-loss"), ("tune thr", "throughput")):
             t0 = time.monotonic()
-            result = tune(profile, cost_model, args.measure, DatasetStore(work / f"trials-{objective}"),
-                          f"sqlite:///{work}/{objective}.db", pool, base, seed=args.seed, settings=settings,
-                          workload=wl, objective=objective,
+            config = TuneConfig(measure=args.measure, storage=f"sqlite:///{work}/{objective}.db", seed=args.seed,
+                                objective=objective, confirm_rounds=args.confirm_rounds)
+            result = tune(profile, cost_model, config, DatasetStore(work / f"trials-{objective}"), pool, base,
+                          workload=wl,
                           efficiency_model=eff_model if objective == "time-to-loss" else None,
                           noise_scale=meter.noise_scale(), meter=meter if objective == "time-to-loss" else None,
-                          confirm_rounds=args.confirm_rounds, on_progress=say)
+                          on_progress=say)
             picks[name] = (result.strategy, result.source)
             row[f"{name} search_s"] = time.monotonic() - t0
             row[f"{name} why"] = result.why

@@ -70,7 +70,10 @@ from autosync.search.baselines import baselines
 from autosync.search.collect import context_profile
 from autosync.search.space import suggest
 from autosync.search.trials import TrialSettings, measure_strategy
-from autosync.search.tuner import Measured, confirm, settle_efficiency, tune
+from autosync.search.config import TuneConfig
+from autosync.search.decide import confirm, settle_efficiency
+from autosync.search.result import Measured
+from autosync.search.tuner import tune
 from autosync.strategy import Strategy
 from _results import RESULTS, Journal, _now, commit, load_rows, run_contexts, speedup_bars, write as write_result
 from time_to_loss import fmt_time, time_to_target
@@ -183,11 +186,11 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say):
     def tune_arm(arm, n):
         with meter("tune") as m:
             prof = profile if n else nominal_profile(cluster, wl, batch)
-            result = tune(prof, cost_model, n, DatasetStore(scratch / f"trials-{arm.replace(' ', '-')}"),
-                          f"sqlite:///{scratch}/{arm.replace(' ', '-')}.db", pool if n else None, base, seed=args.seed,
-                          settings=settings, workload=wl, objective="time-to-loss", efficiency_model=eff_model,
-                          noise_scale=noise, meter=m if n else None, confirm_rounds=args.confirm_rounds,
-                          finalists=args.finalists, on_progress=say, intervals_card=card)
+            config = TuneConfig(measure=n, storage=f"sqlite:///{scratch}/{arm.replace(' ', '-')}.db", seed=args.seed,
+                                objective="time-to-loss", confirm_rounds=args.confirm_rounds, finalists=args.finalists)
+            result = tune(prof, cost_model, config, DatasetStore(scratch / f"trials-{arm.replace(' ', '-')}"),
+                          pool if n else None, base, workload=wl, efficiency_model=eff_model, noise_scale=noise,
+                          meter=m if n else None, on_progress=say, intervals_card=card)
             return result.strategy, result.source, result.why
 
     picks = {"DDP default": (Strategy.default(), "ddp_default")}

@@ -37,6 +37,7 @@ from autosync.profiler.measure import run_profile
 from autosync.search.baselines import baselines
 from autosync.search.space import suggest
 from autosync.search.trials import TrialSettings, measure_strategy
+from autosync.search.config import TuneConfig
 from autosync.search.tuner import tune
 from _results import RESULTS, speedup_bars, write as write_result
 
@@ -97,8 +98,9 @@ def main() -> None:
                 loo = full.subset((full.frame.context_id != ctx).to_numpy())
                 model = CostModel("regressor").fit(loo.X, loo.log_speedup, loo.relevance, loo.groups(), args.seed)
                 store = DatasetStore(tmp / f"{abs(hash(ctx))}")
-                result = tune(profile, model, args.measure, store, f"sqlite:///{tmp}/tune.db", pool, base=loo,
-                              seed=args.seed, settings=settings, objective="throughput")
+                config = TuneConfig(measure=args.measure, storage=f"sqlite:///{tmp}/tune.db", seed=args.seed,
+                                    objective="throughput", confirm_rounds=0)
+                result = tune(profile, model, config, store, pool, base=loo)
                 default_run()
                 mine = result.measured_samples_per_s or 0.0
                 default = statistics.median(defaults)

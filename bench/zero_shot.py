@@ -29,6 +29,7 @@ from autosync.datasets import SHIPPED_DATA
 from autosync.profiler import Profile
 from autosync.search.collect import context_profile
 from autosync.search.trials import TrialSettings, measure_strategy
+from autosync.search.config import TuneConfig
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
 from _results import RESULTS, load_rows, run_contexts, speedup_bars, write as write_result
@@ -52,14 +53,15 @@ def run_context(pool, cluster, spec, wl, args, shipped, base, cost_model, work, 
     data, card = held_out(base, wl, cache)
     store = DatasetStore(work / "trials")
     storage = f"sqlite:///{work}/tune.db"
-    zero = tune(profile, cost_model, 0, store, storage, None, data, seed=args.seed, objective="throughput",
-                intervals_card=card, zero_shot="lower")
+    config = TuneConfig(measure=0, storage=storage, seed=args.seed, objective="throughput", zero_shot="lower",
+                        confirm_rounds=0)
+    zero = tune(profile, cost_model, config, store, None, data, intervals_card=card)
     lower = zero.strategy
     point = zero.alternative[1] if zero.alternative else lower
     say(f"{wl} {spec}: zero-shot lower {lower.hash} ({zero.predicted_speedup:.2f}x predicted), point {point.hash}; "
         f"tuning with {args.measure} measured runs")
-    tuned = tune(profile, cost_model, args.measure, store, storage, pool, data, seed=args.seed, settings=settings,
-                 workload=wl, objective="throughput", confirm_rounds=0, intervals_card=card)
+    tuned = tune(profile, cost_model, config.replace(measure=args.measure, zero_shot="point"), store, pool, data,
+                 workload=wl, intervals_card=card)
     picks = {"tune": tuned.strategy, "point": point, "lower": lower}
     unique = {s.hash: s for s in picks.values()}
     runs: dict[str, list[float]] = {h: [] for h in unique}

@@ -119,7 +119,7 @@ def test_workloads_lists_every_builtin_with_its_batch():
 
 
 def test_a_one_rank_profile_says_nothing_was_sent_instead_of_infinite_bandwidth():
-    from autosync.cli import _bandwidth_text
+    from autosync.present.tables import bandwidth_text as _bandwidth_text
 
     assert _bandwidth_text(8e8, 2) == "800 Mbit/s"
     assert _bandwidth_text(float("inf"), 1) == "nothing sent (1 rank)"

@@ -80,13 +80,16 @@ def test_expected_improvement_measures_a_wide_interval_that_could_beat_the_best_
     from autosync.api import load_model
     from autosync.cluster import parse_cluster
     from autosync.profiler.measure import nominal_profile
-    from autosync.search.tuner import Tuner
+    from autosync.search.config import TuneConfig
+    from autosync.search.proposer import Proposer
+    from autosync.search.study import SharedStudy
     from autosync.strategy import Strategy
 
     profile = nominal_profile(parse_cluster("2x1@100mbit"), "mlp", 128)
     card = uncertainty.load_card()
-    tuner = Tuner(profile, load_model(), shipped, DatasetStore(tmp_path / "d"), f"sqlite:///{tmp_path}/t.db",
-                  intervals_card=card)
+    config = TuneConfig(objective="throughput", storage=f"sqlite:///{tmp_path}/t.db")
+    tuner = Proposer(profile, load_model(), shipped, DatasetStore(tmp_path / "d"),
+                     SharedStudy("t", config.storage), config, intervals_card=card)
     assert tuner.intervals is not None and tuner.model is tuner.intervals.point
     sure = Strategy.from_dict({"fusion": {"bucket_cap_mb": 50}})
     wide = Strategy.from_dict({"groups": [{"compressor": {"name": "powersgd", "rank": 2}}]})

@@ -20,7 +20,6 @@ Collect alone on the machine: tests or builds beside it skew the timings.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -151,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from autosync import api
     from autosync.datasets.store import DatasetStore
-    from autosync.executor.emulate import emulate
+    from autosync.executor.emulate import open_ranks
     from autosync.search.collect import collect
     from autosync.search.trials import TrialSettings
 
@@ -181,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         per_context = PASSES[p - 1]
         for spec, names in order:
             cluster = Cluster.parse(spec)
-            with emulate(cluster) as emu, emu.pool() as pool:
+            with open_ranks(cluster) as pool:
                 for name in names:
                     if args.stop_after is not None and time.monotonic() - t_start > args.stop_after * 60:
                         print("campaign: --stop-after reached; the same command goes on from here", flush=True)
@@ -189,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                     t0 = time.time()
                     try:
                         counts = collect([name], [cluster], store, per_context, settings, progress=False,
-                                         ranks=lambda c: contextlib.nullcontext(pool))
+                                         pool=pool)
                     except Exception as e:   # a context that cannot be profiled: say so, go on with fresh ranks
                         counts = {"error": f"{type(e).__name__}: {e}"[:500]}
                         pool.start()

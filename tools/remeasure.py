@@ -66,7 +66,7 @@ def remeasure(workload: str, data: list[Path], work: Path, progress=print) -> di
     removed."""
     from autosync.cluster import parse_cluster
     from autosync.context import Context
-    from autosync.executor.emulate import emulate
+    from autosync.executor.emulate import open_ranks
     from autosync.profiler import Profile
     from autosync.profiler.measure import run_profile
     from autosync.search.trials import TrialSettings, run_trials
@@ -82,7 +82,7 @@ def remeasure(workload: str, data: list[Path], work: Path, progress=print) -> di
             progress(f"[{i}/{len(contexts)}] {ctx}: done before, skipped")
             continue
         cluster = parse_cluster(c["cluster"])
-        with emulate(cluster, unshaped=c["unshaped"]) as emu, emu.pool() as pool:
+        with open_ranks(cluster, c["unshaped"]) as pool:
             got = Context.on(pool, workload, c["batch_size"], cluster).id
             if got != ctx:
                 raise SystemExit(f"remeasure: {ctx} cannot be measured here (this machine measures {got})")

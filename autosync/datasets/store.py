@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from autosync.datasets.schema import (EFFICIENCY_KEY, EFFICIENCY_SCHEMA, EFFICIENCY_VERSION, JOINED, KEY, SCHEMA,
                                       SCHEMA_VERSION, READABLE_VERSIONS)
 from autosync.context import LOOPBACK, efficiency_key
+from autosync.datasets import resolve
 from autosync.errors import UserError
 from autosync.strategy import loads_strategy
 
@@ -162,7 +163,7 @@ def _measured_on(row: dict) -> str | None:
 
 class DatasetStore:
     def __init__(self, root: str | Path, create: bool = True):
-        self.root = Path(root)
+        self.root = resolve(root)     # "shipped": the dataset shipped with autosync
         if create:
             (self.root / "profiles").mkdir(parents=True, exist_ok=True)
         elif not self.root.is_dir():

@@ -36,6 +36,7 @@ import signal
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from autosync.cluster import Cluster, Link
@@ -474,3 +475,35 @@ def emulate(cluster: Cluster, unshaped: bool = False):
     if not ok:
         raise UserError(f"cannot emulate {cluster}: {why}; {UNSHAPED_HINT}")
     return EmulatedCluster(cluster)
+
+
+@contextmanager
+def open_cluster(cluster: Cluster, unshaped: bool = False):
+    """:func:`emulate`'s cluster, brought up (its ``pool()`` gives ranks); an emulation error (no root, no netem for
+    a latency, a command that failed) is one UserError line naming the cluster."""
+    try:
+        with emulate(cluster, unshaped) as emu:
+            yield emu
+    except EmulationError as e:
+        raise UserError(f"cannot emulate {cluster}: {e}") from None
+
+
+@contextmanager
+def open_ranks(cluster: Cluster, unshaped: bool = False, pool=None, **pool_kwargs):
+    """The ranks every command measures ``cluster`` on: ``pool`` when given (the job's own in in-job mode, which
+    must have the cluster's shape; or ranks the caller keeps), else the cluster emulated on this machine, or,
+    asked for, unshaped loopback (:func:`open_cluster`); ``pool_kwargs`` go to its ``pool()``. The one way
+    commands open ranks."""
+    if pool is not None:
+        if getattr(pool, "in_job", False):
+            from autosync.executor.job import check_shape
+
+            check_shape(cluster, pool)
+        yield pool
+        return
+    with open_cluster(cluster, unshaped) as emu:
+        try:
+            with emu.pool(**pool_kwargs) as ranks:
+                yield ranks
+        except EmulationError as e:
+            raise UserError(f"cannot emulate {cluster}: {e}") from None

@@ -58,6 +58,14 @@ class JobRestart(SystemExit):
         self.why = why
 
 
+def check_shape(cluster, pool) -> None:
+    """UserError unless ``cluster`` (a Cluster) has the job's shape: hosts x ranks per host."""
+    if (cluster.nodes, cluster.ranks_per_node) != (pool.hosts, pool.ranks_per_host):
+        raise UserError(f"--cluster {cluster} says {cluster.nodes} host(s) x {cluster.ranks_per_node} rank(s), but "
+                        f"this job has {pool.hosts} host(s) x {pool.ranks_per_host} rank(s); give the job's shape "
+                        f"(its links' speed is nominal: the network is measured in the job)")
+
+
 def host_key() -> str:
     """What tells this rank's host from the others: the launcher's node rank, else the hostname."""
     for var in ("GROUP_RANK", "SLURM_NODEID"):

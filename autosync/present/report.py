@@ -22,7 +22,9 @@ import json
 import math
 from pathlib import Path
 
-from autosync.search.tuner import TuneResult, measured_rows, plot_predicted_vs_measured, uncertainty_lines
+from autosync.present.plot import plot_predicted_vs_measured
+from autosync.present.text import measured_rows, uncertainty_lines
+from autosync.search.result import TuneResult
 
 
 def _png(fig) -> str:

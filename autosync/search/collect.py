@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from autosync.cluster import Cluster
 from autosync.context import Context
 from autosync.datasets.store import DatasetStore
-from autosync.executor.emulate import emulate
+from autosync.executor.emulate import open_ranks
 from autosync.profiler import Profile
 from autosync.profiler.measure import run_profile
 from autosync.search.baselines import baselines
@@ -43,20 +43,13 @@ def candidates_for(profile: Profile, per_context: int, seed: int) -> list[tuple[
 
 def collect(workloads: list[str], clusters: list[Cluster], store: DatasetStore, per_context: int,
             settings: TrialSettings = TrialSettings(), batch_size: int | None = None, seed: int = 0,
-            progress: bool = True, unshaped: bool = False, ranks=None) -> dict[str, int]:
+            progress: bool = True, unshaped: bool = False, pool=None) -> dict[str, int]:
     """Run the campaign; returns counts of trials by status (skipped = already stored).
 
     ``unshaped`` measures on local loopback instead of the emulated cluster (only when asked:
     without the rights to emulate it refuses); those rows carry an unshaped context id.
-    ``ranks(cluster)``, a context manager giving a rank pool, replaces the emulated cluster (in-job mode).
+    ``pool``, the job's own ranks, replaces the emulated cluster (in-job mode).
     """
-    from contextlib import contextmanager
-
-    @contextmanager
-    def emulated(cluster):
-        with emulate(cluster, unshaped=unshaped) as emu, emu.pool() as pool:
-            yield pool
-    ranks = ranks or emulated
     counts = {"ok": 0, "failed": 0, "timeout": 0, "skipped": 0}
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("ETA"), TimeRemainingColumn(), disable=not progress, transient=False)
@@ -64,11 +57,11 @@ def collect(workloads: list[str], clusters: list[Cluster], store: DatasetStore, 
         guess = per_context + 9  # baselines per context; fewer when one equals another (known after profiling)
         total = bar.add_task("collect", total=len(workloads) * len(clusters) * guess)
         for cluster in clusters:
-            with ranks(cluster) as pool:
+            with open_ranks(cluster, unshaped, pool) as ranks:
                 for workload in workloads:
                     bar.update(total, description=f"{workload} on {cluster}: profiling")
-                    profile = context_profile(store, pool, cluster, workload, batch_size)
-                    if getattr(pool, "in_job", False):   # in a job: a trial the last run died in is stored as failed
+                    profile = context_profile(store, ranks, cluster, workload, batch_size)
+                    if getattr(ranks, "in_job", False):   # in a job: a trial the last run died in is stored as failed
                         Journal(store).recover(profile)
                     cands = candidates_for(profile, per_context, seed)
                     bar.update(total, total=bar.tasks[total].total + len(cands) - guess)
@@ -78,7 +71,7 @@ def collect(workloads: list[str], clusters: list[Cluster], store: DatasetStore, 
                         counts["skipped" if result is None else result.status] += 1
                         bar.advance(total)
 
-                    run_trials(pool, profile, cands, store, settings, on_done=done)
+                    run_trials(ranks, profile, cands, store, settings, on_done=done)
         bar.update(total, description="collect: done")
     store.compact()
     return counts
