@@ -46,6 +46,7 @@ import json
 import math
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 

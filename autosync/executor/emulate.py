@@ -33,7 +33,6 @@ import random
 import re
 import secrets
 import signal
-import subprocess
 import threading
 import time
 from contextlib import contextmanager

@@ -97,7 +97,6 @@ def _whole_periods(steps: int, period: int) -> int:
 
 def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
     """Rank-side body of a trial; every rank returns the same summary (plus params on rank 0)."""
-    import torch
     import torch.distributed as dist
 
     from autosync import workloads

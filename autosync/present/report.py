@@ -117,10 +117,8 @@ th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}.lossy{color
 .kv td{text-align:left}.pick{background:#eef7ee}img{max-width:100%}"""
 
 
-def render(result: TuneResult, profile, store=None) -> str:
-    """The report's HTML (a string)."""
-    e = html.escape
-    ctx = profile.context
+def _facts(result: TuneResult, profile) -> list[tuple[str, str]]:
+    """The context table: what was tuned, where, and how the figures were obtained."""
     env = profile.env if isinstance(profile.env, dict) else {}
     network = env.get("network", "emulated")
     what = {"emulated": "measured on an emulated cluster (network namespaces, tc shaping, CPU limits on this "
@@ -128,10 +126,8 @@ def render(result: TuneResult, profile, store=None) -> str:
             "unshaped": "measured on unshaped loopback ranks (no network emulation)",
             "real": "measured on the real job's ranks and devices",
             "nominal": "network from the spec's numbers (nominal, not measured)"}.get(network, network)
-    pick = result.pick
-    lossy = not result.strategy.is_lossless
     facts = [("workload", f"{profile.model.workload} (batch {profile.model.batch_size} per rank)"),
-             ("cluster", str(profile.cluster)), ("context", ctx.label), ("network", what),
+             ("cluster", str(profile.cluster)), ("context", profile.context.label), ("network", what),
              ("backend / device", f"{env.get('backend', 'gloo')} / {env.get('device', 'cpu')}"),
              ("objective", result.objective),
              ("measured", f"{sum(m.status == 'ok' for m in result.measured)} strategies"
@@ -141,6 +137,12 @@ def render(result: TuneResult, profile, store=None) -> str:
                             "torch.distributed runs")]
     if env.get("host_speeds"):
         facts.append(("host speeds (measured)", " / ".join(f"{s:.2f}" for s in env["host_speeds"])))
+    return facts
+
+
+def _verdict(result: TuneResult) -> list[str]:
+    """The pick's lines: which strategy, its measured and predicted figures, and what it costs when lossy."""
+    pick = result.pick
     verdict = [f"source {result.source}, strategy {result.strategy.hash}", result.strategy.summary()]
     if result.speedup_over_default:
         verdict.append(f"{result.speedup_over_default:.2f}x the DDP default per step (measured)")
@@ -148,47 +150,43 @@ def render(result: TuneResult, profile, store=None) -> str:
         verdict.append(f"{result.speedup_over_best_baseline:.2f}x the best baseline ({result.best_baseline[0]})")
     if not math.isnan(result.predicted_speedup):
         verdict.append(f"predicted {result.predicted_speedup:.2f}x")
-    if pick is not None and lossy:
+    if pick is not None and not result.strategy.is_lossless:
         tt = result.time_speedup(pick)
         verdict.append(f"LOSSY: statistical efficiency {pick.efficiency:.2f} ({pick.efficiency_source})"
                        + (f", {tt:.2f}x the DDP default to the target loss" if tt else ""))
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>autosync report: {e(profile.model.workload)} on "
-             f"{e(str(profile.cluster))}</title><style>{CSS}</style></head><body>",
-             f"<h1>autosync tune: {e(profile.model.workload)} on {e(str(profile.cluster))}</h1>",
-             "<h2>Context</h2><table class='kv'>"
-             + "".join(f"<tr><td><b>{e(k)}</b></td><td>{e(str(v))}</td></tr>" for k, v in facts) + "</table>",
-             "<h2>Pick</h2><p" + (" class='lossy'" if lossy else "") + ">"
-             + "<br>".join(e(v) for v in verdict) + "</p>"]
-    for line in uncertainty_lines(result):   # interval, zero-shot rule, nearest contexts, out-of-distribution flags
-        parts.append(f"<p class='note'>{e(line)}</p>")
-    if result.why:
-        parts.append(f"<p class='note'>Why not the fastest per step: {e(result.why)}</p>")
-    if result.note:
-        parts.append(f"<p class='note'>Note: {e(result.note)}</p>")
-    parts.append(f"<pre>{e(result.strategy.to_yaml())}</pre>")
+    return verdict
+
+
+def _measured_html(result: TuneResult) -> str:
+    """The table of every measured strategy ('' when nothing was measured)."""
+    e = html.escape
     rows = measured_rows(result)
-    if rows:
-        cols = ["source", "strategy", "lossy", "status", "samples/s", "+-spread", "speedup", "predicted",
-                "efficiency", "time to target"]
-        body = []
-        for r in rows:
-            tt = ("-" if r["time_speedup"] is None else "never" if r["time_speedup"] == 0 else
-                  f"{r['time_speedup']:.2f}x" + (" pred." if r["time_speedup_predicted"] else ""))
-            cells = [r["source"], r["hash"][:8], r["lossy"], r["status"] + (f" ({r['reason'][:60]})" if r["reason"]
-                                                                           and r["status"] != "ok" else ""),
-                     f"{r['samples_per_s']:,.1f}" if r["samples_per_s"] else "-",
-                     f"{r['spread'] / 2:.0%} ({r['rounds']})" if r["spread"] is not None else "-",
-                     f"{r['speedup']:.2f}x" if r["speedup"] else "-",
-                     "-" if math.isnan(r["predicted_speedup"]) else f"{r['predicted_speedup']:.2f}x"
-                     + (" [{:.2f}-{:.2f}]".format(*r["predicted_interval"]) if r["predicted_interval"] else ""),
-                     r["efficiency"], tt]
-            cls = " class='pick'" if r["hash"] == result.strategy.hash else ""
-            body.append(f"<tr{cls}>" + "".join(f"<td{' class=lossy' if c == 'lossy' else ''}>{e(str(c))}</td>"
-                                               for c in cells) + "</tr>")
-        parts.append("<h2>Every measured strategy</h2><table><tr>" + "".join(f"<th>{c}</th>" for c in cols)
-                     + "</tr>" + "".join(body) + "</table><p class='note'>speedup = measured samples/s over the DDP "
-                     "default's; time to target = speedup x statistical efficiency (lossless: 1); the pick is "
-                     "highlighted.</p>")
+    if not rows:
+        return ""
+    cols = ["source", "strategy", "lossy", "status", "samples/s", "+-spread", "speedup", "predicted",
+            "efficiency", "time to target"]
+    body = []
+    for r in rows:
+        tt = ("-" if r["time_speedup"] is None else "never" if r["time_speedup"] == 0 else
+              f"{r['time_speedup']:.2f}x" + (" pred." if r["time_speedup_predicted"] else ""))
+        cells = [r["source"], r["hash"][:8], r["lossy"], r["status"] + (f" ({r['reason'][:60]})" if r["reason"]
+                                                                       and r["status"] != "ok" else ""),
+                 f"{r['samples_per_s']:,.1f}" if r["samples_per_s"] else "-",
+                 f"{r['spread'] / 2:.0%} ({r['rounds']})" if r["spread"] is not None else "-",
+                 f"{r['speedup']:.2f}x" if r["speedup"] else "-",
+                 "-" if math.isnan(r["predicted_speedup"]) else f"{r['predicted_speedup']:.2f}x"
+                 + (" [{:.2f}-{:.2f}]".format(*r["predicted_interval"]) if r["predicted_interval"] else ""),
+                 r["efficiency"], tt]
+        cls = " class='pick'" if r["hash"] == result.strategy.hash else ""
+        body.append(f"<tr{cls}>" + "".join(f"<td{' class=lossy' if c == 'lossy' else ''}>{e(str(c))}</td>"
+                                           for c in cells) + "</tr>")
+    return ("<h2>Every measured strategy</h2><table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"
+            + "".join(body) + "</table><p class='note'>speedup = measured samples/s over the DDP default's; time to "
+            "target = speedup x statistical efficiency (lossless: 1); the pick is highlighted.</p>")
+
+
+def _plots_html(result: TuneResult, profile, store) -> list[str]:
+    parts = []
     scatter = _scatter(result)
     if scatter:
         parts.append(f"<h2>Predicted vs measured</h2><img alt='predicted vs measured speedup' src='{scatter}'>")
@@ -202,8 +200,29 @@ def render(result: TuneResult, profile, store=None) -> str:
     else:
         parts.append("<p class='note'>No stored loss curves for these strategies (they are measured by "
                      "<code>--objective time-to-loss</code> for lossy finalists and the reference).</p>")
-    parts.append("<p class='note'>Written by autosync tune.</p></body></html>")
-    return "\n".join(parts)
+    return parts
+
+
+def render(result: TuneResult, profile, store=None) -> str:
+    """The report's HTML (a string): context, pick, notes, the strategy, every measured strategy, plots."""
+    e = html.escape
+    title = f"{e(profile.model.workload)} on {e(str(profile.cluster))}"
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>autosync report: {title}</title>"
+             f"<style>{CSS}</style></head><body>", f"<h1>autosync tune: {title}</h1>",
+             "<h2>Context</h2><table class='kv'>"
+             + "".join(f"<tr><td><b>{e(k)}</b></td><td>{e(str(v))}</td></tr>" for k, v in _facts(result, profile))
+             + "</table>",
+             "<h2>Pick</h2><p" + ("" if result.strategy.is_lossless else " class='lossy'") + ">"
+             + "<br>".join(e(v) for v in _verdict(result)) + "</p>"]
+    for line in uncertainty_lines(result):   # interval, zero-shot rule, nearest contexts, out-of-distribution flags
+        parts.append(f"<p class='note'>{e(line)}</p>")
+    if result.why:
+        parts.append(f"<p class='note'>Why not the fastest per step: {e(result.why)}</p>")
+    if result.note:
+        parts.append(f"<p class='note'>Note: {e(result.note)}</p>")
+    parts += [f"<pre>{e(result.strategy.to_yaml())}</pre>", _measured_html(result), *_plots_html(result, profile, store),
+              "<p class='note'>Written by autosync tune.</p></body></html>"]
+    return "\n".join(p for p in parts if p)
 
 
 def write_report(result: TuneResult, profile, path: str | Path, store=None) -> Path:

@@ -4,14 +4,9 @@
 from __future__ import annotations
 
 import math
-import os
-import platform
 import statistics
-import time
 
-import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from autosync import workloads
@@ -41,7 +36,9 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
     On CUDA every time is of finished kernels: phases are read after a synchronize, gradient-ready
     times from events recorded in the gradient hooks (:class:`autosync.executor.device.Marks`).
     """
-    from autosync.executor.device import Marks, now, to_device
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from autosync.executor.device import to_device
 
     model, make_batch = workloads.build(workload, seed=seed)
     model.to(device)
@@ -49,14 +46,44 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
     workloads.check_batch(workload, model, make_batch, batch_size)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     embeddings = workloads.embedding_parameter_names(model)
-    owner = _owner_types(model)
     optimizer = torch.optim.SGD([p for _, p in named], lr=1e-3, momentum=0.9)
     gen = torch.Generator().manual_seed(seed)
+    reset_peak_rss()
+    t = _time_steps(workload, model, named, embeddings, optimizer, lambda: to_device(make_batch(batch_size, gen),
+                                                                                      device), device, warmup, repeats)
+    peak = peak_rss_mb()
+    if device.startswith("cuda"):   # what bounds a GPU job is its device memory
+        peak = torch.cuda.max_memory_allocated(torch.device(device)) / 2 ** 20
+    counter = FlopCounterMode(display=False)
+    with counter:
+        workloads.loss_of(model(**to_device(make_batch(batch_size, gen), device))).backward()
+    optimizer.zero_grad(set_to_none=False)
+    owner = _owner_types(model)
+    infos = []
+    for n, p in named:
+        times = t["ready_s"][n]
+        infos.append(ParamInfo(
+            name=n, shape=tuple(p.shape), numel=p.numel(), dtype=str(p.dtype).removeprefix("torch."),
+            module_type=owner.get(n, ""), is_embedding=n in embeddings,
+            touched_rows=statistics.fmean(t["touched"][n]) if t["touched"].get(n) else 1.0,
+            ready_s=statistics.median(times) if times else statistics.median(t["bwd"]),
+            factor_rows=_rows(t["factor_rows"].get(n))))
+    infos.sort(key=lambda info: info.ready_s)
+    return ModelProfile(str(workload), batch_size, infos, statistics.median(t["fwd"]), statistics.median(t["bwd"]),
+                        statistics.median(t["opt"]), float(counter.get_total_flops()), peak, torch.get_num_threads())
+
+
+def _time_steps(workload, model, named, embeddings, optimizer, next_batch, device, warmup: int, repeats: int) -> dict:
+    """``warmup + repeats`` training steps, the last ``repeats`` timed: forward, backward and optimizer times, each
+    parameter's gradient-ready times, the rows of each embedding a batch touched, and (sfb) the factor rows of
+    each weight whose gradient is an outer product of its layer's factors."""
+    from autosync.executor.device import Marks, now
+    from autosync.plans.sfb import Factors, _matches, outer_sum
 
     ready: dict[str, list] = {n: [] for n, _ in named}      # marks, resolved to seconds after each backward
-    touched: dict[str, list[float]] = {n: [] for n in embeddings}
+    out = {"fwd": [], "bwd": [], "opt": [], "ready_s": {n: [] for n, _ in named},
+           "touched": {n: [] for n in embeddings}}
     marks = Marks(device)
-    ready_s: dict[str, list[float]] = {n: [] for n, _ in named}
 
     def hook_for(name: str):
         def hook(param: torch.Tensor) -> None:
@@ -64,15 +91,11 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
         return hook
 
     handles = [p.register_post_accumulate_grad_hook(hook_for(n)) for n, p in named]
-    from autosync.plans.sfb import Factors, _matches, outer_sum
-
     factors = Factors(model, {id(p) for _, p in named})
-    factor_rows: dict[str, list[float]] = {n: [] for n, p in named if id(p) in factors.names}
-    fwd, bwd, opt = [], [], []
-    reset_peak_rss()
+    out["factor_rows"] = factor_rows = {n: [] for n, p in named if id(p) in factors.names}
     try:
         for i in range(warmup + repeats):
-            batch = to_device(make_batch(batch_size, gen), device)
+            batch = next_batch()
             t0 = now(device)
             loss = workloads.loss_of(model(**batch))
             t1 = now(device)
@@ -81,11 +104,11 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
             t2 = now(device)
             for n, v in ready.items():
                 if i >= warmup:
-                    ready_s[n].extend(marks.seconds(m) for m in v)
+                    out["ready_s"][n].extend(marks.seconds(m) for m in v)
                 v.clear()
             for n, p in named:
                 if n in embeddings and p.grad is not None:
-                    touched[n].append((p.grad.abs().sum(1) != 0).float().mean().item())
+                    out["touched"][n].append((p.grad.abs().sum(1) != 0).float().mean().item())
                 if n in factor_rows:     # sfb: rows of its factors, if their product is its gradient
                     got = factors.take(id(p))
                     exact = got is not None and p.grad is not None and _matches(
@@ -96,9 +119,9 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
             optimizer.zero_grad(set_to_none=False)
             t4 = now(device)
             if i >= warmup:
-                fwd.append(t1 - t0)
-                bwd.append(t2 - t1)
-                opt.append(t4 - t3)
+                out["fwd"].append(t1 - t0)
+                out["bwd"].append(t2 - t1)
+                out["opt"].append(t4 - t3)
     except UserError:
         raise
     except Exception as e:
@@ -108,29 +131,7 @@ def profile_model(workload, batch_size: int | None = None, repeats: int = 5, war
         for h in handles:
             h.remove()
         factors.close()
-    peak = peak_rss_mb()
-    if device.startswith("cuda"):   # what bounds a GPU job is its device memory
-        peak = torch.cuda.max_memory_allocated(torch.device(device)) / 2 ** 20
-
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter:
-        workloads.loss_of(model(**to_device(make_batch(batch_size, gen), device))).backward()
-    optimizer.zero_grad(set_to_none=False)
-
-    infos = []
-    for n, p in named:
-        times = ready_s[n]
-        infos.append(ParamInfo(
-            name=n, shape=tuple(p.shape), numel=p.numel(), dtype=str(p.dtype).removeprefix("torch."),
-            module_type=owner.get(n, ""), is_embedding=n in embeddings,
-            touched_rows=statistics.fmean(touched[n]) if touched.get(n) else 1.0,
-            ready_s=statistics.median(times) if times else statistics.median(bwd),
-            factor_rows=_rows(factor_rows.get(n))))
-    infos.sort(key=lambda info: info.ready_s)
-    return ModelProfile(str(workload), batch_size, infos, statistics.median(fwd), statistics.median(bwd),
-                        statistics.median(opt), float(counter.get_total_flops()), peak, torch.get_num_threads())
+    return out
 
 
 def _rows(seen: list[float] | None) -> float:

@@ -24,8 +24,6 @@ reduce, broadcast ``ceil(log2 p) a + n/B``; send_recv ``a + n/B``.
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from dataclasses import dataclass, field
 
 import numpy as np

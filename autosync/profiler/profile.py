@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
