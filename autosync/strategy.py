@@ -42,50 +42,87 @@ SCHEMA_VERSION = 1
 SHARDING = ("none", "zero")
 
 
-def _who_takes(kind: str, field_name: str, table: dict) -> str:
-    """``only mode local_sgd takes`` / ``only modes local_sgd and selective take``."""
+def _who_takes(table: dict, field_name: str) -> str:
+    """``only mode local_sgd takes it`` / ``only plans ps and sharded_ps take a placement``."""
     names = [n for n, d in table.items() if field_name in d.fields]
     plural = len(names) > 1
-    if kind == "the":
-        return f"only the {' and '.join(names)} {table_kind(table)}{'s' if plural else ''} take{'' if plural else 's'}"
-    return f"only {kind}{'s' if plural else ''} {' and '.join(names)} take{'' if plural else 's'}"
+    kind = _KIND[id(table)]
+    what = "it" if table is registry.SYNC_MODES else field_name if field_name.endswith("s") else f"a {field_name}"
+    if table is registry.COMPRESSORS:
+        return f"only the {' and '.join(names)} {kind}{'s' if plural else ''} take{'' if plural else 's'} {what}"
+    return f"only {kind}{'s' if plural else ''} {' and '.join(names)} take{'' if plural else 's'} {what}"
+
+
+_KIND = {id(registry.COMPRESSORS): "compressor", id(registry.PLANS): "plan", id(registry.SYNC_MODES): "mode"}
 
 
 def table_kind(table: dict) -> str:
-    return "compressor" if table is registry.COMPRESSORS else "plan" if table is registry.PLANS else "mode"
+    return _KIND[id(table)]
+
+
+def table_fields(table: dict) -> dict:
+    """Every field the entries of a registry table take (the first declaration of a name), in registry order."""
+    out: dict = {}
+    for entry in table.values():
+        for name, f in entry.fields.items():
+            out.setdefault(name, f)
+    return out
+
+
+def _plain(value):
+    return [_plain(x) for x in value] if isinstance(value, tuple) else value
+
+
+class _Choice:
+    """A registry choice (a compressor, a group's plan, a sync mode) and the values of its fields, which read as
+    attributes (``compressor.rank``, ``sync.period``); a field the choice does not take reads as its ``unused``
+    value. The fields are the registry entry's own (:class:`autosync.plans.base.Field`)."""
+
+    TABLE: dict = {}
+
+    def __getattr__(self, key: str):
+        if key.startswith("__"):
+            raise AttributeError(key)
+        for k, value in self.__dict__.get("values", ()):
+            if k == key:
+                return value
+        known = table_fields(type(self).TABLE)
+        if key in known:
+            return known[key].unused
+        raise AttributeError(f"{type(self).__name__} has no field {key!r}")
+
+    @classmethod
+    def read_values(cls, entry, raw, path: str, foreign_default_ok: bool = False) -> tuple:
+        """``entry``'s field values from ``raw``; a field that only other entries take is an error (or, with
+        ``foreign_default_ok``, ignored when it has the value that means "not used")."""
+        for name, f in table_fields(cls.TABLE).items():
+            if name in raw and name not in entry.fields and not (foreign_default_ok and raw[name] == f.unused):
+                _fail(f"{path}.{name}", _who_takes(cls.TABLE, name))
+        return tuple(entry.read_fields(raw, path).items())
+
+    def field_dict(self) -> dict:
+        """The values that are set, as plain data (lists, not tuples), in the entry's order."""
+        return {k: _plain(value) for k, value in self.values if value is not None}
 
 
 @dataclass(frozen=True)
-class Compressor:
-    """Gradient compression: none | fp16 | bf16 | powersgd {rank} | topk {ratio} (error feedback)."""
+class Compressor(_Choice):
+    """Gradient compression: a compressor of the registry and its fields (e.g. powersgd {rank}, topk {ratio})."""
 
+    TABLE = registry.COMPRESSORS
     name: str = "none"
-    rank: int | None = None       # powersgd: rank of the low-rank approximation
-    ratio: float | None = None    # topk: fraction of elements sent
+    values: tuple = ()
 
     @classmethod
     def parse(cls, raw: Any, path: str) -> "Compressor":
         if isinstance(raw, str):
             raw = {"name": raw}
-        fields = list(dict.fromkeys(f for c in registry.COMPRESSORS.values() for f in c.fields))
-        raw = _mapping(path, raw, ("name", *fields))
-        name = _choice(f"{path}.name", raw.get("name", "none"), registry.COMPRESSORS)
-        kind = registry.compressor(name)
-        values: dict[str, Any] = {}
-        for f in fields:
-            if f in kind.fields:
-                values[f] = kind.parse_field(f, raw.get(f, kind.fields[f]), f"{path}.{f}")
-            elif f in raw:
-                _fail(f"{path}.{f}", f"{_who_takes('the', f, registry.COMPRESSORS)} a {f}")
-        return cls(name, **values)
+        raw = _mapping(path, raw, ("name", *table_fields(cls.TABLE)))
+        name = _choice(f"{path}.name", raw.get("name", "none"), cls.TABLE)
+        return cls(name, cls.read_values(registry.compressor(name), raw, path))
 
     def to_dict(self) -> dict:
-        d: dict[str, Any] = {"name": self.name}
-        if self.rank is not None:
-            d["rank"] = self.rank
-        if self.ratio is not None:
-            d["ratio"] = self.ratio
-        return d
+        return {"name": self.name, **self.field_dict()}
 
     @property
     def lossy(self) -> bool:
@@ -93,44 +130,31 @@ class Compressor:
 
 
 @dataclass(frozen=True)
-class Group:
-    """One ordered group: the parameters whose names match ``match`` and their plan."""
+class Group(_Choice):
+    """One ordered group: the parameters whose names match ``match``, their plan (and its fields) and compressor."""
 
+    TABLE = registry.PLANS
     match: tuple[str, ...] = ("*",)
     plan: str = "allreduce"
     compressor: Compressor = field(default_factory=Compressor)
-    partitions: int = 1                   # sharded_ps: number of shards
-    placement: tuple[int, ...] | None = None  # ps / sharded_ps: owner ranks; None = balanced by bytes
+    values: tuple = ()
 
     @classmethod
     def parse(cls, raw: Any, path: str) -> "Group":
-        raw = _mapping(path, raw, ("match", "plan", "compressor", "partitions", "placement"))
+        raw = _mapping(path, raw, ("match", "plan", "compressor", *table_fields(cls.TABLE)))
         match = raw.get("match", "*")
         match = (match,) if isinstance(match, str) else match
         if (not isinstance(match, (list, tuple)) or not match
                 or not all(isinstance(m, str) and m for m in match)):
             _fail(f"{path}.match", f"expected a glob or a non-empty list of globs, got {raw.get('match')!r}")
-        match = tuple(match)
-        plan = _choice(f"{path}.plan", raw.get("plan", "allreduce"), registry.PLANS)
+        plan = _choice(f"{path}.plan", raw.get("plan", "allreduce"), cls.TABLE)
         kind = registry.plan(plan)
         comp = Compressor.parse(raw.get("compressor", "none"), f"{path}.compressor")
         if not registry.compressor(comp.name).works_with(kind):
             allowed = registry.compressor(comp.name).plans or ()
             _fail(f"{path}.compressor.name", f"{comp.name} works only with plan {' or '.join(allowed)}, not {plan}")
-        partitions = _int(f"{path}.partitions", raw.get("partitions", 1), 1, 4096)
-        if partitions > 1 and "partitions" not in kind.fields:
-            _fail(f"{path}.partitions", f"{_who_takes('plan', 'partitions', registry.PLANS)} partitions")
-        placement = raw.get("placement")
-        if placement is not None:
-            if "placement" not in kind.fields:
-                _fail(f"{path}.placement", f"{_who_takes('plan', 'placement', registry.PLANS)} a placement")
-            if not isinstance(placement, (list, tuple)):
-                _fail(f"{path}.placement", f"expected a list of ranks, got {placement!r}")
-            placement = tuple(_int(f"{path}.placement[{i}]", r, 0) for i, r in enumerate(placement))
-            want = kind.owner_count(partitions)
-            if len(placement) != want:
-                _fail(f"{path}.placement", f"expected {want} owner rank(s), got {len(placement)}")
-        return cls(match, plan, comp, partitions, placement)
+        # a plan field at the value that means "not used" (partitions: 1) is accepted on any plan
+        return cls(tuple(match), plan, comp, cls.read_values(kind, raw, path, foreign_default_ok=True))
 
     @property
     def is_catch_all(self) -> bool:
@@ -152,38 +176,25 @@ class Group:
         return cached
 
     def to_dict(self) -> dict:
-        d: dict[str, Any] = {"match": self.match[0] if len(self.match) == 1 else list(self.match), "plan": self.plan, "compressor": self.compressor.to_dict()}
-        if "partitions" in registry.plan(self.plan).fields:
-            d["partitions"] = self.partitions
-        if self.placement is not None:
-            d["placement"] = list(self.placement)
-        return d
+        return {"match": self.match[0] if len(self.match) == 1 else list(self.match), "plan": self.plan,
+                "compressor": self.compressor.to_dict(), **self.field_dict()}
 
 
 @dataclass(frozen=True)
-class Sync:
+class Sync(_Choice):
     """When ranks synchronize: a mode of the registry (bsp, local_sgd, ...) and its fields."""
 
+    TABLE = registry.SYNC_MODES
     mode: str = "bsp"
-    period: int = 1
-    warmup_steps: int = 0
-    staleness: int = 0          # ssp
-    max_period: int = 0         # adaptive
-    threshold: float = 0.0      # adaptive
-    islands: tuple[tuple[int, ...], ...] = ()   # selective: host groups
+    values: tuple = ()
 
     @classmethod
     def parse(cls, raw: Any, path: str = "sync") -> "Sync":
         if isinstance(raw, str):
             raw = {"mode": raw}
-        fields = list(dict.fromkeys(f for m in registry.SYNC_MODES.values() for f in m.fields))
-        raw = _mapping(path, raw, ("mode", *fields))
-        mode = _choice(f"{path}.mode", raw.get("mode", "bsp"), registry.SYNC_MODES)
-        kind = registry.sync_mode(mode)
-        for k in fields:
-            if k in raw and k not in kind.fields:
-                _fail(f"{path}.{k}", f"{_who_takes('mode', k, registry.SYNC_MODES)} it")
-        return cls(mode, **kind.parse(raw, path))
+        raw = _mapping(path, raw, ("mode", *table_fields(cls.TABLE)))
+        mode = _choice(f"{path}.mode", raw.get("mode", "bsp"), cls.TABLE)
+        return cls(mode, cls.read_values(registry.sync_mode(mode), raw, path))
 
     @property
     def kind(self):
@@ -191,10 +202,7 @@ class Sync:
         return registry.sync_mode(self.mode)
 
     def to_dict(self) -> dict:
-        def plain(value):
-            return [plain(x) for x in value] if isinstance(value, tuple) else value
-
-        return {"mode": self.mode, **{k: plain(getattr(self, k)) for k in self.kind.fields}}
+        return {"mode": self.mode, **{k: _plain(value) for k, value in self.values}}
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """One home per idea: plans, compressors and sync modes live in the registry, and everything iterates over it."""
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -107,3 +108,28 @@ def test_every_registry_entry_documents_its_math():
         assert entry.name in doc, f"{type(entry).__module__} does not document {entry.name}"
         if entry.name != "bsp":  # bsp adds nothing to the plans' costs
             assert "cost" in doc, f"{entry.name}: no cost formula in its docstring"
+
+
+def test_a_new_compressor_with_a_new_field_is_one_module_and_one_line(tmp_path):
+    """No monkeypatching: a copy of the package gets tests/fixtures/uniform_quantizer.py as a registry module and
+    one line in the registry table; its field ``bits`` parses, validates, round-trips, is hashed, searched,
+    featurized, priced and run by the hook, checked in a fresh interpreter on that copy."""
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "autosync"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("data", "v2", "__pycache__"))
+    shutil.copy(REPO / "tests" / "fixtures" / "uniform_quantizer.py", copy / "plans" / "uniform_quantizer.py")
+    table = copy / "plans" / "__init__.py"
+    text = table.read_text()
+    text = text.replace("                            row_sparse, selective, sfb, sharded_ps, ssp, topk)",
+                        "                            row_sparse, selective, sfb, sharded_ps, ssp, topk, uniform_quantizer)")
+    assert "uniform_quantizer)" in text
+    table.write_text(text.replace("    topk.COMPRESSOR,\n)}", "    topk.COMPRESSOR,\n    uniform_quantizer.COMPRESSOR,\n)}"))
+    assert "uniform_quantizer.COMPRESSOR" in table.read_text()     # the one line
+    profile = PKG / "datasets" / "data" / "profiles" / "mlp_b128_2x1@100mbit.json"
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "fixtures" / "new_field_check.py"), str(profile),
+                          str(copy), str(tmp_path / "store")], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stderr[-3000:]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+from autosync.plans.base import Field
 from autosync.plans.local_sgd import LocalSGD
 
 SAMPLE = 4096
@@ -96,7 +97,8 @@ def _averager_class():
 class Adaptive(LocalSGD):
     name = "adaptive"
     follows_trajectory = True
-    fields = {"max_period": (8, 2, 10_000), "threshold": (0.005, 0.0, 10.0), "warmup_steps": (10, 0, 1_000_000)}
+    fields = {"max_period": Field(8, 2, 10_000, unused=0), "threshold": Field(0.005, 0.0, 10.0, unused=0.0),
+              "warmup_steps": Field(10, 0, 1_000_000, unused=0)}
     features = {"adaptive": 0.0, "adaptive_max_period": 0.0, "adaptive_threshold": 0.0}
 
     def suggest(self, trial, profile=None) -> dict:

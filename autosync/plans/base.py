@@ -21,30 +21,80 @@ simulator-side ``sim`` argument offers ``t(collective, nbytes, scope)``, ``alpha
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
 
 from autosync import validation as v
 
 
+@dataclass(frozen=True)
+class Field:
+    """One strategy field an entry takes: its default, its range, and how it is read.
+
+    A default that is a bool, float or int reads as one (floats in ``(lo, hi]``, ints in ``[lo, hi]``); any other
+    field gives ``read(value, path)``, which returns the value or fails with the path. ``required`` (a message
+    saying what to give) makes the field mandatory. ``unused`` is what the field reads as on a strategy whose
+    choice does not take it (a plan without ``partitions`` has one shard). The schema
+    (:mod:`autosync.strategy`) parses, validates, prints and hashes every field through this, and the search's
+    diversity signature covers them all, so an entry with a new field is still one module and one line.
+    """
+
+    default: Any = None
+    lo: float | None = None
+    hi: float | None = None
+    read: Callable[[Any, str], Any] | None = None
+    required: str = ""
+    unused: Any = None
+
+    def parse(self, value: Any, path: str) -> Any:
+        if self.read is not None:
+            return self.read(value, path)
+        if isinstance(self.default, bool):
+            return v.boolean(path, value)
+        if isinstance(self.default, float):
+            return v.number(path, value, self.lo, self.hi)
+        if isinstance(self.default, int):
+            return v.integer(path, value, self.lo, self.hi)
+        return value
+
+
 class Entry:
-    """What every registry entry has: a name, whether it changes DDP's math, its features."""
+    """What every registry entry has: a name, whether it changes DDP's math, its fields and its features."""
 
     name: ClassVar[str]
     lossy: ClassVar[bool] = False
+    #: the strategy fields this entry takes, in the order the strategy file writes them
+    fields: ClassVar[dict[str, Field]] = {}
     #: feature name -> value when the entry is not used (features are summed over groups)
     features: ClassVar[dict[str, float]] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
+    def read_fields(self, raw: Mapping[str, Any], path: str) -> dict[str, Any]:
+        """This entry's fields from ``raw`` (a mapping): given ones validated, missing ones at their default."""
+        out = {}
+        for name, f in self.fields.items():
+            if raw.get(name) is not None:
+                out[name] = f.parse(raw[name], f"{path}.{name}")
+            elif f.required:
+                v.fail(f"{path}.{name}", f.required)
+            else:
+                out[name] = f.default
+        self.check(out, path)
+        return out
+
+    def check(self, values: dict[str, Any], path: str) -> None:
+        """Validation across this entry's fields (each is valid alone); fails with the path."""
+
 
 class PlanDef(Entry):
     """How the ranks sum one segment (a run of one group's gradients inside a bucket).
 
-    ``fields`` are the optional group fields the plan takes (``partitions``, ``placement``).
+    ``fields`` are the group fields the plan takes (``partitions``, ``placement``: :data:`PARTITIONS`,
+    :data:`PLACEMENT`).
     """
 
-    fields: ClassVar[tuple[str, ...]] = ()
     needs_hosts: ClassVar[bool] = False       # needs intra-host and host-leader process groups
     embeddings_only: ClassVar[bool] = False   # only for embedding tables
     fast_path: ClassVar[bool] = False         # DDP's own async all-reduce can run it (no worker thread)
@@ -59,6 +109,12 @@ class PlanDef(Entry):
     def fixed_owners(self, partitions: int, world: int) -> tuple[int, ...] | None:
         """Owners that are not balanced but fixed by the plan itself (None = balance by bytes)."""
         return None
+
+    def check(self, values: dict[str, Any], path: str) -> None:
+        placement = values.get("placement")
+        want = self.owner_count(values.get("partitions", 1))
+        if placement is not None and len(placement) != want:
+            v.fail(f"{path}.placement", f"expected {want} owner rank(s), got {len(placement)}")
 
     # --- search space --------------------------------------------------------------------------
     def applicable(self, nodes: int, ranks_per_node: int, embedding_group: bool) -> bool:
@@ -105,9 +161,8 @@ class PlanDef(Entry):
 
 
 class CompressorDef(Entry):
-    """What is sent instead of the raw gradient. ``fields`` maps a field name to its default."""
+    """What is sent instead of the raw gradient."""
 
-    fields: ClassVar[dict[str, Any]] = {}
     plans: ClassVar[tuple[str, ...] | None] = None   # the plans it works with; None = every plan
     identity: ClassVar[bool] = False                 # sends the gradient as it is
     #: its math depends on how gradients are cut into buckets (e.g. top-k over a segment), so the
@@ -119,9 +174,6 @@ class CompressorDef(Entry):
         if not (self.identity or plan.compressible):
             return False
         return self.plans is None or plan.name in self.plans
-
-    def parse_field(self, field: str, value: Any, path: str) -> Any:
-        raise NotImplementedError
 
     def suggest(self, trial, prefix: str) -> dict[str, Any]:
         return {}
@@ -152,9 +204,8 @@ class CompressorDef(Entry):
 
 
 class SyncModeDef(Entry):
-    """When ranks synchronize: every step (bsp) or less often. ``fields`` maps a field to (default, lo, hi)."""
+    """When ranks synchronize: every step (bsp) or less often."""
 
-    fields: ClassVar[dict[str, tuple[int, int, int]]] = {}
     needs_hosts: ClassVar[bool] = False
     allows_zero: ClassVar[bool] = True           # may be combined with ZeroRedundancyOptimizer
     bypasses_plans: ClassVar[bool] = False       # some steps skip the groups' plans
@@ -169,18 +220,6 @@ class SyncModeDef(Entry):
     #: models drift apart), so its throughput is measured training as the efficiency protocol does
     #: (:meth:`autosync.executor.measure.TrialSpec.recipe`)
     follows_trajectory: ClassVar[bool] = False
-
-    def parse(self, raw, path: str) -> dict[str, Any]:
-        """The numeric fields; a structured field (a default neither int nor float) is the mode's own to read."""
-        out = {}
-        for name, (default, lo, hi) in self.fields.items():
-            if isinstance(default, bool) or not isinstance(default, (int, float)):
-                continue
-            if isinstance(default, float):
-                out[name] = v.number(f"{path}.{name}", raw.get(name, default), lo, hi)
-            else:
-                out[name] = v.integer(f"{path}.{name}", raw.get(name, default), lo, hi)
-        return out
 
     def suggest(self, trial, profile=None) -> dict[str, Any]:
         return {}
@@ -233,3 +272,15 @@ class SyncModeDef(Entry):
 
     def sync_features(self, sync) -> dict[str, float]:
         return {}
+
+
+def read_placement(value: Any, path: str) -> tuple[int, ...]:
+    """A ``placement``: a list of owner ranks."""
+    if not isinstance(value, (list, tuple)):
+        v.fail(path, f"expected a list of ranks, got {value!r}")
+    return tuple(v.integer(f"{path}[{i}]", r, 0) for i, r in enumerate(value))
+
+
+#: the group fields of the parameter-server plans
+PARTITIONS = Field(1, 1, 4096, unused=1)        # sharded_ps: number of shards
+PLACEMENT = Field(None, read=read_placement)     # ps / sharded_ps: owner ranks; None = balanced by bytes

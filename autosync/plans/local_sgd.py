@@ -11,7 +11,7 @@ It cannot be combined with ZeRO (the averager needs whole parameters on every ra
 """
 from __future__ import annotations
 
-from autosync.plans.base import SyncModeDef
+from autosync.plans.base import Field, SyncModeDef
 
 PERIODS = (2, 4, 8)
 SEARCH_WARMUP_STEPS = 2
@@ -24,7 +24,7 @@ class LocalSGD(SyncModeDef):
     allows_zero = False
     bypasses_plans = True
     wraps_optimizer = True
-    fields = {"period": (4, 2, 10_000), "warmup_steps": (10, 0, 1_000_000)}
+    fields = {"period": Field(4, 2, 10_000, unused=1), "warmup_steps": Field(10, 0, 1_000_000, unused=0)}
     features = {"local_sgd": 0.0, "local_period": 1.0}
 
     def suggest(self, trial, profile=None) -> dict:

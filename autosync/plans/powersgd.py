@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 
-from autosync import validation as v
-from autosync.plans.base import CompressorDef
+from autosync.plans.base import CompressorDef, Field
 
 RANKS = (1, 2, 4, 8, 16)
 
@@ -43,11 +42,8 @@ class PowerSGD(CompressorDef):
     name = "powersgd"
     lossy = True
     plans = ("allreduce",)
-    fields = {"rank": 4}
+    fields = {"rank": Field(4, 1, 1024)}
     features = {"frac_comp_powersgd": 0.0, "powersgd_rank": 0.0}
-
-    def parse_field(self, field, value, path):
-        return v.integer(path, value, 1, 1024)
 
     def suggest(self, trial, prefix: str) -> dict:
         return {"rank": trial.suggest_categorical(f"{prefix}_powersgd_rank", RANKS)}

@@ -6,12 +6,12 @@ The owner is ``placement[0]``, or the least-loaded rank by bytes (see ``Strategy
 """
 from __future__ import annotations
 
-from autosync.plans.base import PlanDef
+from autosync.plans.base import PLACEMENT, PlanDef
 
 
 class ParameterServer(PlanDef):
     name = "ps"
-    fields = ("placement",)
+    fields = {"placement": PLACEMENT}
     features = {"frac_plan_ps": 0.0}
 
     def owner_count(self, partitions: int) -> int:

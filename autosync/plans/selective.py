@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 from autosync import validation as v
+from autosync.plans.base import Field
 from autosync.plans.local_sgd import LocalSGD
 
 PERIODS = (2, 4, 8)
@@ -158,36 +159,34 @@ def profile_frontier(profile) -> list[dict[str, Any]]:
                     lambda n: profile.network.time("all_reduce", n, "intra"))
 
 
+def read_islands(islands, where: str) -> tuple[tuple[int, ...], ...]:
+    """``islands``: a list of host lists (or ``'0,1|2'``) that covers every host once; sorted."""
+    if isinstance(islands, str):
+        try:
+            islands = parse_islands(islands)
+        except ValueError:
+            v.fail(where, f"expected host lists like [[0, 1], [2]] or '0,1|2', got {islands!r}")
+    if not isinstance(islands, (list, tuple)) or not islands or not all(
+            isinstance(i, (list, tuple)) and i and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
+                                                        for h in i) for i in islands):
+        v.fail(where, f"expected a non-empty list of non-empty lists of host numbers, got {islands!r}")
+    hosts = sorted(h for i in islands for h in i)
+    if hosts != list(range(len(hosts))):
+        v.fail(where, f"every host 0..{max(hosts)} must be in exactly one island, got {islands!r}")
+    return tuple(sorted(tuple(sorted(i)) for i in islands))
+
+
 class Selective(LocalSGD):
     name = "selective"
     lossy = True
     needs_hosts = True
     allows_zero = False
     bypasses_plans = True
-    fields = {"islands": ((), 0, 0), "period": (4, 2, 10_000), "warmup_steps": (10, 0, 1_000_000)}
+    fields = {"islands": Field(read=read_islands, unused=(), required=(
+                  "required for mode selective: the hosts that average every step, as a list of host lists (e.g. "
+                  "[[0, 1], [2]]); `autosync tune` chooses them from the per-path bandwidth")),
+              "period": Field(4, 2, 10_000, unused=1), "warmup_steps": Field(10, 0, 1_000_000, unused=0)}
     features = {"selective": 0.0, "selective_period": 1.0, "selective_reach": 1.0}
-
-    def parse(self, raw, path: str) -> dict:
-        out = super().parse(raw, path)
-        islands = raw.get("islands")
-        where = f"{path}.islands"
-        if islands is None:
-            v.fail(where, "required for mode selective: the hosts that average every step, as a list of host lists "
-                          "(e.g. [[0, 1], [2]]); `autosync tune` chooses them from the per-path bandwidth")
-        if isinstance(islands, str):
-            try:
-                islands = parse_islands(islands)
-            except ValueError:
-                v.fail(where, f"expected host lists like [[0, 1], [2]] or '0,1|2', got {islands!r}")
-        if not isinstance(islands, (list, tuple)) or not islands or not all(
-                isinstance(i, (list, tuple)) and i and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
-                                                            for h in i) for i in islands):
-            v.fail(where, f"expected a non-empty list of non-empty lists of host numbers, got {islands!r}")
-        hosts = sorted(h for i in islands for h in i)
-        if hosts != list(range(len(hosts))):
-            v.fail(where, f"every host 0..{max(hosts)} must be in exactly one island, got {islands!r}")
-        out["islands"] = tuple(sorted(tuple(sorted(i)) for i in islands))
-        return out
 
     def suggest(self, trial, profile=None) -> dict:
         points = profile_frontier(profile) if profile is not None else []

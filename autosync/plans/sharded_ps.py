@@ -11,12 +11,12 @@ owner::
 """
 from __future__ import annotations
 
-from autosync.plans.base import PlanDef
+from autosync.plans.base import PARTITIONS, PLACEMENT, PlanDef
 
 
 class ShardedParameterServer(PlanDef):
     name = "sharded_ps"
-    fields = ("partitions", "placement")
+    fields = {"partitions": PARTITIONS, "placement": PLACEMENT}
     features = {"frac_plan_sharded_ps": 0.0, "partitions": 0.0}
 
     def owner_count(self, partitions: int) -> int:

@@ -23,7 +23,7 @@ stream of gradients); not with ZeRO (ZeRO's sharded step needs this step's gradi
 """
 from __future__ import annotations
 
-from autosync.plans.base import SyncModeDef
+from autosync.plans.base import Field, SyncModeDef
 
 STALENESS = (1, 2, 4)
 
@@ -33,7 +33,7 @@ class StaleSynchronous(SyncModeDef):
     same_step = False
     lossy = True
     allows_zero = False
-    fields = {"staleness": (1, 1, 64)}
+    fields = {"staleness": Field(1, 1, 64, unused=0)}
     features = {"ssp": 0.0, "ssp_staleness": 0.0}
 
     def suggest(self, trial, profile=None) -> dict:

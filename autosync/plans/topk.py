@@ -7,8 +7,7 @@ next step (error feedback), per segment.
 """
 from __future__ import annotations
 
-from autosync import validation as v
-from autosync.plans.base import CompressorDef
+from autosync.plans.base import CompressorDef, Field
 
 RATIOS = (0.001, 0.01, 0.05)
 SELECT_S_PER_ELEMENT = 4e-9      # torch.topk + bookkeeping on one core, measured order of magnitude
@@ -18,12 +17,9 @@ class TopK(CompressorDef):
     name = "topk"
     lossy = True
     plans = ("allreduce",)
-    fields = {"ratio": 0.01}
+    fields = {"ratio": Field(0.01, 0.0, 1.0)}
     bucket_dependent = True      # the top k are chosen per segment of a bucket
     features = {"frac_comp_topk": 0.0, "topk_ratio": 0.0}
-
-    def parse_field(self, field, value, path):
-        return v.number(path, value, 0.0, 1.0)
 
     def suggest(self, trial, prefix: str) -> dict:
         return {"ratio": trial.suggest_categorical(f"{prefix}_topk_ratio", RATIOS)}

@@ -25,14 +25,21 @@ from autosync.profiler import Profile
 from autosync.search.config import TuneConfig
 from autosync.search.space import suggest
 from autosync.search.study import SharedStudy
-from autosync.strategy import Strategy
+from autosync import plans as registry
+from autosync.strategy import Strategy, table_fields
 
 
 def signature(strategy: Strategy) -> tuple:
-    """The choices of a strategy, for the distance between two."""
-    groups = [(g.plan, g.compressor.name, g.compressor.rank, g.compressor.ratio, g.partitions) for g in strategy.groups]
-    return (strategy.fusion.bucket_cap_mb, strategy.sync.mode, strategy.sync.period, strategy.optimizer_sharding,
-            len(groups), *groups)
+    """The choices of a strategy, for the distance between two: bucket size, sharding, the sync mode and every
+    field any mode takes, and per group its plan and compressor with every field any plan or compressor takes (a
+    field the choice does not take reads as its ``unused`` value), so a new entry's fields count without a line
+    here."""
+    sync_fields, plan_fields = table_fields(registry.SYNC_MODES), table_fields(registry.PLANS)
+    comp_fields = table_fields(registry.COMPRESSORS)
+    groups = [(g.plan, *(getattr(g, f) for f in plan_fields), g.compressor.name,
+               *(getattr(g.compressor, f) for f in comp_fields)) for g in strategy.groups]
+    return (strategy.fusion.bucket_cap_mb, strategy.optimizer_sharding, strategy.sync.mode,
+            *(getattr(strategy.sync, f) for f in sync_fields), len(groups), *groups)
 
 
 def distance(a: Strategy, b: Strategy) -> float:
