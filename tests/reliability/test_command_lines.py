@@ -104,3 +104,29 @@ def test_there_are_at_least_forty_cases_over_every_subcommand():
     assert len(CASES) >= 40
     assert {c[0][0] for c in CASES if c[0]} >= {"run", "profile", "collect", "train", "evaluate", "tune", "cluster",
                                                  "bench"}
+
+
+#: every command that opens ranks on an emulated cluster, given one this kernel cannot emulate (a latency: no netem)
+OPENS_RANKS = [
+    ["run", "--workload", "mlp", "--cluster", "{spec}"],
+    ["profile", "--workload", "mlp", "--cluster", "{spec}", "--out", "p.json"],
+    ["collect", "--workloads", "mlp", "--clusters", "{spec}", "--per-context", "0"],
+    ["tune", "--workload", "mlp", "--cluster", "{spec}", "--measure", "2", "--storage", "sqlite:///t.db"],
+    ["cluster", "check", "{spec}"],
+]
+
+
+@pytest.mark.parametrize("argv", OPENS_RANKS, ids=[a[0] if a[0] != "cluster" else "cluster check" for a in OPENS_RANKS])
+def test_every_command_that_opens_ranks_refuses_a_cluster_it_cannot_emulate_in_one_line(argv, tmp_path):
+    from autosync.executor.emulate import can_emulate, has_netem
+
+    if has_netem():
+        pytest.skip("this kernel has netem: a latency can be emulated")
+    spec = "2x1@100mbit,1ms"
+    out = cli(*[spec if a == "{spec}" else a for a in argv], cwd=tmp_path)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"cannot emulate {spec}" in lines[0], lines[0]
+    if can_emulate()[0]:
+        assert "no netem" in lines[0], lines[0]
