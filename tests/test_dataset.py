@@ -167,3 +167,11 @@ def test_remeasure_replaces_a_workloads_rows_profiles_and_efficiency_everywhere_
         assert sorted(store.read_efficiency().efficiency_key) == ["gpt2-tiny|b8|w2|kept"]
     again = remeasure("mlp", folders, tmp_path / "work", progress=lambda m: None)
     assert again["measured"] == 0 and len(DatasetStore(folders[0]).read(efficiency=False)) == 2
+
+
+def test_the_shipped_dataset_is_one_file_per_table():
+    """Appends land as parts; what ships is compacted (``DatasetStore(...).compact()``), so the wheel carries one
+    Parquet file per table."""
+    from autosync.datasets import SHIPPED_DATA
+
+    assert sorted(p.name for p in SHIPPED_DATA.glob("*.parquet")) == ["efficiency.parquet", "trials.parquet"]

@@ -28,7 +28,3 @@ def train_and_save(store: DatasetStore, out: str | Path, kind: str = "ranker", e
                                          for r in report.summary.to_dict("records")]
     model.save(out, **extra)
     return model.card
-
-
-def load_pretrained() -> CostModel:
-    return CostModel.load(PRETRAINED)

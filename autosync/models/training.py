@@ -20,7 +20,7 @@ from autosync.datasets.store import DatasetStore
 from autosync.models.features import FEATURES, feature_matrix, featurize
 from autosync.models.simulator import simulate
 from autosync.profiler import Profile
-from autosync.strategy import Strategy, loads_strategy
+from autosync.strategy import loads_strategy
 
 MAX_RELEVANCE = 30
 
@@ -150,8 +150,3 @@ def _build(store: DatasetStore, df: pd.DataFrame) -> TrainingSet:
     frame = pd.concat([t.frame for t in sets], ignore_index=True)
     return TrainingSet(np.vstack([t.X for t in sets]), np.concatenate([t.log_speedup for t in sets]),
                        frame.relevance.to_numpy(), frame, list(FEATURES))
-
-
-def candidate_matrix(profile: Profile, strategies: list[Strategy], names: list[str] = FEATURES) -> np.ndarray:
-    """Features of many candidates of one context at once (for prediction)."""
-    return feature_matrix([featurize(profile, s) for s in strategies], names)
