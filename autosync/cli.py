@@ -105,8 +105,9 @@ def _job_aware(cmd, always_in_torchrun: bool = False):
                 raise UserError(f"--in-job measures the job's own network; --{flag} does not apply")
         from autosync import api
 
+        timeout = args.trial_timeout_s if hasattr(args, "trial_timeout_s") else args.timeout   # tune's --timeout
         return api.in_job(lambda pool: cmd(argparse.Namespace(**{**vars(args), "pool": pool})),
-                          timeout=args.timeout, backend=getattr(args, "backend", None))
+                          timeout=timeout, backend=getattr(args, "backend", None))
     return wrapped
 
 

@@ -142,7 +142,7 @@ def test_the_root_package_imports_only_the_lowest_layers_at_import_time():
     assert all(layer_of(m) <= layer_of("autosync.strategy") for m in eager), eager
 
 
-def test_the_cost_model_and_the_search_reach_nothing_that_runs_ranks():
+def test_the_cost_model_and_the_registry_reach_nothing_of_the_executor():
     graph = import_graph()
     for module in graph:
         if module.startswith(("autosync.models", "autosync.plans")):

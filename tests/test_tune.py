@@ -205,3 +205,25 @@ def test_time_to_loss_measures_the_efficiency_of_lossy_finalists_before_picking(
     assert picked_lossy == ("# lossless: false" in text)
     if picked_lossy:
         assert "measured" in text.split("# LOSSY: statistical efficiency")[1].splitlines()[0]
+
+
+def test_a_tune_config_holds_every_default_and_checks_every_choice():
+    """TuneConfig is the one home of a tune's defaults: the CLI's options are built from its fields, and a bad
+    choice is one line before any work."""
+    from autosync.cli import build_parser
+    from autosync.errors import UserError
+    from autosync.search.config import TuneConfig
+
+    args = build_parser().parse_args(["tune", "--workload", "mlp", "--cluster", "2x1@1gbit"])
+    config = TuneConfig.build(lossless=args.lossless, **{n: getattr(args, n) for n, _ in TuneConfig.options()})
+    assert config == TuneConfig()                        # the CLI's defaults are the config's
+    assert TuneConfig.build(lossless=True).objective == "lossless" and TuneConfig.build(lossless=True).lossless
+    for choices, message in (({"objective": "speed"}, "objective 'speed' is not one of"),
+                             ({"zero_shot": "mean"}, "zero_shot 'mean' is not one of"),
+                             ({"measure": -1}, "measure must be an integer >= 0"),
+                             ({"candidates": 0}, "candidates must be a positive integer"),
+                             ({"storage": "::"}, "is not a database URL"),
+                             ({"lossless": True, "objective": "throughput"}, "contradicts"),
+                             ({"measures": 3}, "unknown tune option(s): measures")):
+        with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            TuneConfig.build(**choices)

@@ -64,7 +64,7 @@ class TuneResult:
     candidates_scored: int = 0
     search_seconds: float = 0.0
     peer_measurements_seen: int = 0   # measurements of other workers the last refit learned from
-    objective: str = "time-to-loss"
+    objective: str = ""                # the tune's (TuneConfig.objective), set by the tune
     why: str = ""                      # one line when the fastest-per-step strategy is not the pick
     confirm_rounds: int = 0
     interval: tuple[float, float] | None = None   # the pick's predicted interval (speedups; goodput for time-to-loss)
