@@ -175,3 +175,12 @@ def test_the_shipped_dataset_is_one_file_per_table():
     from autosync.datasets import SHIPPED_DATA
 
     assert sorted(p.name for p in SHIPPED_DATA.glob("*.parquet")) == ["efficiency.parquet", "trials.parquet"]
+
+
+def test_shipped_names_the_shipped_dataset_wherever_a_dataset_is_taken():
+    from autosync import api
+    from autosync.datasets import SHIPPED, SHIPPED_DATA
+
+    assert DatasetStore(SHIPPED, create=False).root == SHIPPED_DATA
+    counts, root = api.efficiency(SHIPPED, workload_names=["no-such-workload"])   # the API takes it as the CLI does
+    assert root == SHIPPED_DATA and sum(counts.values()) == 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from autosync.datasets import SHIPPED
+
 UNSHAPED = ("measure on this host's loopback without shaping the links (no root needed); the results are labelled "
             "unshaped and never mixed with shaped data")
 BEYOND = ("measure even a cluster beyond what this machine emulates faithfully (more than 2 ranks per core, or links "
@@ -143,7 +145,7 @@ COMMANDS = {
         "Fit the cost model (LightGBM ranker or regressor on the speedup over the DDP default) to a dataset and save "
         "it as LightGBM text plus a JSON card. With --evaluate, the card carries its leave-one-workload/cluster-out "
         "metrics.", None,
-        ("--data", "str", "shipped", "dataset directory (default: the dataset shipped with autosync)"),
+        ("--data", "str", SHIPPED, "dataset directory (default: the dataset shipped with autosync)"),
         ("--out", "str", "autosync-model", "output directory (default ./autosync-model)", {"metavar": "DIR"}),
         ("--kind", ("ranker", "regressor"), "ranker", "model kind (default ranker)"),
         ("--evaluate", "flag", False, "also run the held-out evaluation and store it in the card"), "seed"),
@@ -151,7 +153,7 @@ COMMANDS = {
         "Leave-one-workload-out and leave-one-cluster-out evaluation: pairwise ranking accuracy, Kendall tau, top-1 "
         "regret and top-5 hit, for the LightGBM ranker, the regressor, the simulator alone and the ranker without "
         "simulator features.", None,
-        ("--data", "str", "shipped", "dataset directory (default: shipped)"),
+        ("--data", "str", SHIPPED, "dataset directory (default: shipped)"),
         ("--split", ("workload", "cluster", "both"), "both", "which groups to hold out (default both)"),
         ("--plot", "str", "transfer.png", "where to write the plot (default transfer.png)", {"metavar": "PNG"}),
         ("--markdown", "path", None, "also write the summary table as Markdown"), "seed"),
