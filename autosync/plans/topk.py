@@ -3,7 +3,7 @@
     k = ratio * n / 4;  cost = t_ag(W * 12 k) + select(n)          lossy
 
 It works with plan allreduce only. The residual of what was not sent is added back the
-next step (error feedback), per segment.
+next step (error feedback), kept per parameter (DDP reorders its buckets after the first step).
 """
 from __future__ import annotations
 
@@ -32,13 +32,18 @@ class TopK(CompressorDef):
 
         from autosync.plans._torch import all_gather
 
-        corrected = flat + state["error"].get(seg.key, 0)
+        # the residual is kept per parameter: DDP rebuilds its buckets after the first step, in another order
+        corrected = flat.clone()
+        for (offset, numel, _), pid in zip(seg.shapes, seg.key):
+            if pid in state["error"]:
+                corrected[offset:offset + numel] += state["error"][pid]
         k = max(1, int(state["ratio"] * flat.numel()))
         idx = corrected.abs().topk(k, sorted=False).indices
         values = corrected[idx]
         error = corrected
         error[idx] = 0
-        state["error"][seg.key] = error
+        for (offset, numel, _), pid in zip(seg.shapes, seg.key):
+            state["error"][pid] = error[offset:offset + numel]
         all_idx = torch.empty(k * comm.world, dtype=torch.long, device=flat.device)
         all_val = torch.empty(k * comm.world, dtype=flat.dtype, device=flat.device)
         all_gather(all_idx, idx, group=comm.pg)
