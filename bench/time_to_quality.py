@@ -23,7 +23,7 @@ the training time to L* ("train x": the default's median time / the pick's) and 
 plus training time, against the default's training time; the reference curves are not counted, every arm needs
 them). A context whose DDP default would spend more than the campaign's limit per step on the wire is left out
 (tools/campaign.py: too_slow), and so is one whose references are flat (their loss falls less than
-``FLAT_DROP`` by L*: ncf until session 30, when its ids were uniform); the table says which and why.
+``FLAT_DROP`` by L*); the table says which and why.
 
 Resumable: finished contexts are kept in ``--work`` (rows.jsonl, committed) and skipped; a context takes 5-50 min
 here at 2 hosts, 11-92 min at 3 (200 mbit) and 40-130 min at 4, so the 48 default contexts span sessions (47

@@ -162,7 +162,7 @@ def test_a_collective_may_wait_on_a_slow_rank_longer_than_the_start_limit():
     """The group's operation timeout is torch's (30 min for gloo), not the pool's start limit: with the start limit
     (2 min) asp's rank 0 timed out in an all-reduce while the workers that exchange with it over a 200 Mbit/s link
     finished their first window (moe-tiny, 3x1@200mbit). By hand, a peer that joins an all-reduce 14 s late under
-    ``start_timeout=10``: "Timed out waiting 10000ms for recv" before, ok after (session 34)."""
+    ``start_timeout=10`` read "Timed out waiting 10000ms for recv" when the start limit was the group's timeout."""
     with RankPool(1, start_timeout=10) as pool:
         assert pool.run(_operation_timeout_s) == [1800.0]
 

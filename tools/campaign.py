@@ -154,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     from autosync.search.collect import collect
     from autosync.search.trials import TrialSettings
 
-    # v1's contexts are left alone; the shipped dataset also holds this campaign's own once merged (session 14),
-    # and those go on
+    # v1's contexts are left alone; the shipped dataset also holds this campaign's own once merged, and those go on
     shipped = set(DatasetStore(api.SHIPPED_DATA, create=False).read(efficiency=False)["context_id"])
     own = Path(args.data)
     if (own / "profiles").is_dir():

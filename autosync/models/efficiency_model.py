@@ -17,12 +17,9 @@ predicted speedup x predicted efficiency.
 
 The loss is L1: the model predicts the conditional median. Measured efficiencies pile up at 1
 with a tail down to 0 (never reached the target, censored), so the median is the constant to
-beat in MAE, and the mean is pulled by the few zeros. Leave one workload out on 106 rows
-(session 34): L1 MAE 0.121 (5 seeds 0.120-0.123, Spearman 0.39-0.44) against L2's 0.139
-(0.134-0.142, Spearman 0.29-0.42), the training median's 0.126 and the training mean's 0.147.
-With the 12 rows measured after it (118): L1 MAE 0.121 against the training median's 0.151 and mean's 0.149,
-Spearman 0.54 (``python bench/transfer.py``). The risk of a zero is carried by the conformal interval
-(``interval_q``), not the point.
+beat in MAE, and the mean is pulled by the few zeros; the held-out comparison of L1, L2, the
+training median and the training mean is ``python bench/transfer.py`` (bench/results/transfer.md). The risk of a
+zero is carried by the conformal interval (``interval_q``), not the point.
 """
 from __future__ import annotations
 
