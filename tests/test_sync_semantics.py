@@ -252,3 +252,149 @@ def test_asp_makes_progress_while_a_rank_is_paused():
     assert slow["staleness"][0] == 12, slow["staleness"]             # ... after all 12 of rank 0's
     assert fast["moved"] > 1e-3, fast["moved"]                       # the master took the updates
     assert abs(fast["params"] - slow["params"]).max() == 0.0         # both end with the master
+
+
+def _local_sgd_vs_reference(ctx, strategy: dict, islands: list, warmup: int, period: int, steps: int, average: bool):
+    """Train by ``strategy`` beside a reference that keeps one copy of the model per rank: before ``warmup`` every
+    copy steps on the mean gradient of all ranks; after it, on the mean of its island's ranks (its own when alone),
+    and after step s (0-based) with (s - warmup) % period == 0 every copy's parameters become the mean of all
+    copies' (``average=False``: the broken variant that never averages). Per step, the largest difference between
+    this rank's parameters and its copy's."""
+    import torch
+
+    from autosync.executor.apply import apply, release
+
+    def net():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+    world = ctx.world_size
+    model, copies = net(), [net() for _ in range(world)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ddp, opt = apply(model, opt, Strategy.from_dict(strategy), init_sync=False)
+    ref_opts = [torch.optim.SGD(c.parameters(), lr=0.05, momentum=0.9) for c in copies]
+    gens = [torch.Generator().manual_seed(100 + r) for r in range(world)]
+    island_of = {r: next(i for i in islands if r in i) for r in range(world)}
+    gaps = []
+    try:
+        for s in range(steps):
+            batches = [(torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)) for g in gens]
+            x, y = batches[ctx.rank]
+            ((ddp(x) - y) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            grads = []
+            for c, (xb, yb) in zip(copies, batches):
+                c.zero_grad()
+                ((c(xb) - yb) ** 2).mean().backward()
+                grads.append([p.grad.clone() for p in c.parameters()])
+            for r, (c, o) in enumerate(zip(copies, ref_opts)):
+                peers = range(world) if s < warmup else island_of[r]
+                for i, p in enumerate(c.parameters()):
+                    p.grad = sum(grads[q][i] for q in peers) / len(peers)
+                o.step()
+            if average and s >= warmup and (s - warmup) % period == 0:
+                with torch.no_grad():
+                    for ps in zip(*(c.parameters() for c in copies)):
+                        mean = sum(p / world for p in ps)
+                        for p in ps:
+                            p.copy_(mean)
+            gaps.append(max(float((p - q).abs().max()) for p, q in zip(model.parameters(),
+                                                                       copies[ctx.rank].parameters())))
+    finally:
+        release(ddp)
+    return gaps
+
+
+@pytest.mark.parametrize("mode, world, islands", [("local_sgd", 2, [[0], [1]]), ("selective", 3, [[0, 1], [2]])])
+def test_local_sgd_and_selective_average_to_the_mean_of_the_ranks(mode, world, islands):
+    """After each averaging every parameter is the mean of the ranks' parameters (and between them each island
+    steps on its own mean gradient), exactly as a reference that keeps one model per rank computes it; the same
+    reference without the averaging is far off, so the comparison can fail."""
+    sync = {"mode": mode, "period": 3, "warmup_steps": 2}
+    if mode == "selective":
+        sync["islands"] = islands
+    strategy = Strategy.from_dict({"sync": sync}).canonical()
+    with RankPool(world, ranks_per_host=1) as pool:
+        exact = pool.run(_local_sgd_vs_reference, strategy, islands, 2, 3, 9, True)
+        broken = pool.run(_local_sgd_vs_reference, strategy, islands, 2, 3, 9, False)
+    assert max(max(g) for g in exact) < 1e-5, exact
+    assert max(max(g) for g in broken) > 1e-3, "never averaging must part from the strategy"
+
+
+def _adaptive_vs_reference(ctx, strategy: dict, warmup: int, max_period: int, threshold: float, steps: int):
+    """Train by ``strategy`` (adaptive) beside one model copy per rank that follows the stated rule: after the
+    warm-up each copy steps on its own gradient, then D = sqrt(mean_r |x_r|^2 - |mean x|^2) / |mean x| over the
+    averager's sampled coordinates decides: when D > threshold, or max_period steps passed since the last
+    averaging, every copy becomes the mean. Returns per step (the largest difference to this rank's copy,
+    whether the reference averaged, the D it computed)."""
+    import math
+
+    import torch
+
+    from autosync.executor.apply import apply, release
+    from autosync.plans.adaptive import SAMPLE
+
+    def net():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+    world = ctx.world_size
+    model, copies = net(), [net() for _ in range(world)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ddp, opt = apply(model, opt, Strategy.from_dict(strategy), init_sync=False)
+    ref_opts = [torch.optim.SGD(c.parameters(), lr=0.05) for c in copies]
+    gens = [torch.Generator().manual_seed(100 + r) for r in range(world)]
+    n = sum(p.numel() for p in model.parameters())
+    picks = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:min(SAMPLE, n)].sort().values
+    last, out = warmup - 1, []
+    try:
+        for s in range(steps):
+            batches = [(torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)) for g in gens]
+            x, y = batches[ctx.rank]
+            ((ddp(x) - y) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            grads = []
+            for c, (xb, yb) in zip(copies, batches):
+                c.zero_grad()
+                ((c(xb) - yb) ** 2).mean().backward()
+                grads.append([p.grad.clone() for p in c.parameters()])
+            for r, (c, o) in enumerate(zip(copies, ref_opts)):
+                for i, p in enumerate(c.parameters()):
+                    p.grad = sum(g[i] for g in grads) / world if s < warmup else grads[r][i]
+                o.step()
+            averaged, d = False, float("nan")
+            if s >= warmup:
+                xs = [torch.cat([p.detach().reshape(-1) for p in c.parameters()])[picks].double() for c in copies]
+                mean = sum(xs) / world
+                d = math.sqrt(max(0.0, sum(float(v.pow(2).sum()) for v in xs) / world - float(mean.pow(2).sum())))
+                d /= max(float(mean.norm()), 1e-30)
+                if d > threshold or s - last >= max_period:
+                    averaged, last = True, s
+                    with torch.no_grad():
+                        for ps in zip(*(c.parameters() for c in copies)):
+                            m = sum(p / world for p in ps)
+                            for p in ps:
+                                p.copy_(m)
+            gap = max(float((p - q).abs().max()) for p, q in zip(model.parameters(), copies[ctx.rank].parameters()))
+            out.append((gap, averaged, d))
+    finally:
+        release(ddp)
+    return out
+
+
+def test_adaptive_averages_exactly_when_its_statistic_crosses_the_threshold():
+    """adaptive {max_period, threshold}: the strategy's parameters follow, step by step, a reference that averages
+    exactly when D > threshold or max_period steps passed; the run has steps of each kind (averaged by the
+    threshold, by the period, and not at all), so a rule that averaged at the wrong times would part from it."""
+    warmup, max_period, threshold = 2, 4, 0.02
+    strategy = Strategy.from_dict({"sync": {"mode": "adaptive", "warmup_steps": warmup, "max_period": max_period,
+                                            "threshold": threshold}}).canonical()
+    with RankPool(2, ranks_per_host=1) as pool:
+        runs = pool.run(_adaptive_vs_reference, strategy, warmup, max_period, threshold, 14)
+    steps = runs[0]
+    assert max(gap for run in runs for gap, _, _ in run) < 1e-5, runs
+    by_threshold = [s for s, (_, avg, d) in enumerate(steps) if avg and d > threshold]
+    skipped = [s for s, (_, avg, d) in enumerate(steps) if s >= warmup and not avg]
+    assert by_threshold and skipped, steps
