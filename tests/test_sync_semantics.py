@@ -398,3 +398,50 @@ def test_adaptive_averages_exactly_when_its_statistic_crosses_the_threshold():
     by_threshold = [s for s, (_, avg, d) in enumerate(steps) if avg and d > threshold]
     skipped = [s for s, (_, avg, d) in enumerate(steps) if s >= warmup and not avg]
     assert by_threshold and skipped, steps
+
+
+def _asp_pushes(ctx, first: int, second: int):
+    """Rank 0 pushes ``first`` updates (its parameters + 1 each time) while rank 1 waits; then rank 1 pushes
+    ``second`` (its parameters - 0.5 each time). Returns (staleness recorded per push, final parameters)."""
+    import torch
+    import torch.distributed as dist
+
+    from autosync.plans.asp import AsyncParameterServer
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    server = AsyncParameterServer(model.parameters())
+    step = 1.0 if ctx.rank == 0 else -0.5
+
+    def push(n):
+        for _ in range(n):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(step)
+            server.exchange()
+
+    if ctx.rank == 0:
+        push(first)
+    dist.barrier()
+    if ctx.rank == 1:
+        push(second)
+    server.finish()
+    return server.staleness, torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+
+
+def test_asp_applies_each_push_once_divided_by_w_with_the_staleness_it_records():
+    """The master takes every push exactly once, as delta / W: after rank 0's 5 pushes of +1 and rank 1's 3 of
+    -0.5, every parameter moved by (5 - 1.5) / 2; rank 1's first push is 5 versions stale (rank 0 pushed 5 times
+    since it pulled), the rest 0. A push applied twice, dropped, or not divided by W would read otherwise."""
+    import numpy as np
+    import torch
+
+    with RankPool(2, ranks_per_host=1) as pool:
+        (stale0, final0), (stale1, final1) = pool.run(_asp_pushes, 5, 3)
+    torch.manual_seed(0)
+    start = torch.cat([p.detach().reshape(-1) for p in torch.nn.Linear(3, 2).parameters()]).numpy()
+    assert stale0 == [0.0] * 5 and stale1 == [5.0, 0.0, 0.0], (stale0, stale1)
+    np.testing.assert_allclose(final0, start + (5 * 1.0 - 3 * 0.5) / 2, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(final0, final1)                 # every rank ends with the master's
+    for wrong in (start + (5 * 1.0 - 3 * 0.5), start + (5 * 1.0 - 2 * 0.5) / 2, start + 5 * 1.0 / 2):
+        assert not np.allclose(final0, wrong, atol=1e-6)          # not divided by W / a push dropped / rank 1's lost
