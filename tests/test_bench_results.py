@@ -77,3 +77,14 @@ def test_a_retrained_arm_is_named_and_only_failed_arms_are_retrained():
     assert ttq.failed_arms(row) == ["best baseline"]
     row["retrained"] = {"best baseline": {"by": "ccccccc, 2026-12-05 00:10 UTC", "failed_before": "failed: ..."}}
     assert ttq.measured_by(row) == "bbbbbbb (best baseline retrained by ccccccc)"
+
+
+def test_the_readmes_results_table_is_what_bench_summary_writes():
+    """README's figures come from the result files: re-run a benchmark, then `python bench/summary.py --readme
+    README.md`. Every file the table quotes opens with its command, commit and date."""
+    import summary
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert summary.readme_block(readme) == summary.render()
+    for _, _, name in summary.figures():
+        assert set(summary.header(name)) == {"Command", "Commit", "Date"}
