@@ -47,11 +47,23 @@ def test_fit_save_load_predict_round_trip(tmp_path, data):
         assert not list((tmp_path / kind).glob("*.pkl"))
 
 
-def test_pretrained_models_load_and_predict(data):
+def test_pretrained_models_load_and_order_the_data_they_were_trained_on(data):
+    """The shipped models reproduce the order of the measurements they were fitted to, per context (a model that
+    predicted a constant, or read its features in the wrong order, would not)."""
+    from scipy.stats import spearmanr
+
     for kind in ("ranker", "regressor"):
         model = CostModel.load(PRETRAINED / kind)
         cols = [data.features.index(f) for f in model.features]   # its own columns, by name (as CostModel.score)
-        assert model.kind == kind and np.isfinite(model.predict(data.X[:10, cols])).all()
+        predicted = model.predict(data.X[:, cols])
+        assert model.kind == kind and np.isfinite(predicted).all()
+        per_context = [spearmanr(predicted[i], data.log_speedup[i]).correlation
+                       for i in data.frame.groupby("context_id").indices.values() if len(i) > 3]
+        assert np.nanmedian(per_context) > 0.9, (kind, np.nanmedian(per_context))
+        shuffled = model.predict(data.X[:, cols[::-1]])             # the columns in the wrong order
+        wrong = [spearmanr(shuffled[i], data.log_speedup[i]).correlation
+                 for i in data.frame.groupby("context_id").indices.values() if len(i) > 3]
+        assert np.nanmedian(wrong) < np.nanmedian(per_context) - 0.2
 
 
 def test_corrupt_or_mismatched_model_files_are_refused(tmp_path):
