@@ -40,13 +40,22 @@ def uncertainty_lines(result: TuneResult) -> list[str]:
 
 
 def efficiency_text(m: Measured) -> str:
-    """A measured strategy's efficiency as a person reads it: ``1 (lossless)``, ``0.88 [0.87-0.89] measured``."""
+    """A strategy's efficiency as a person reads it, saying what it is: ``1 (lossless)``; ``0.88 [0.87-0.89]
+    measured`` (raw ratio x (1 -+ the reference seeds' spread)); a raw ratio within that spread counts as 1 and
+    says so, with the raw figure (``1.00 measured: raw 0.52 [0.18-0.86] is within the reference seeds' spread of
+    +-65%, so it counts as 1``); ``0.80 predicted`` (the efficiency model's, not measured)."""
     if not m.lossy:
         return "1 (lossless)"
     if m.efficiency_source in ("flat", "failed"):
         return f"unknown ({'reference too flat' if m.efficiency_source == 'flat' else 'run failed'})"
-    band = f" [{m.efficiency_lo:.2f}-{m.efficiency_hi:.2f}]" if m.efficiency_source == "measured" else ""
-    return f"{m.efficiency:.2f}{band} {m.efficiency_source}"
+    if m.efficiency_source != "measured":
+        return f"{m.efficiency:.2f} {m.efficiency_source}"
+    band = f"[{m.efficiency_lo:.2f}-{m.efficiency_hi:.2f}]"
+    if m.within_noise and m.efficiency_raw is not None and abs(m.efficiency_raw - m.efficiency) > 0.005:
+        spread = f" of +-{m.efficiency_band:.0%}" if m.efficiency_band is not None else ""
+        return (f"{m.efficiency:.2f} measured: raw {m.efficiency_raw:.2f} {band} is within the reference seeds' "
+                f"spread{spread}, so it counts as 1")
+    return f"{m.efficiency:.2f} {band} measured"
 
 
 def _efficiency_short(m: Measured) -> str:
@@ -56,6 +65,8 @@ def _efficiency_short(m: Measured) -> str:
         return "unknown"
     if m.efficiency_source == "predicted":
         return f"{m.efficiency:.2f} pred."
+    if m.within_noise and m.efficiency_raw is not None and abs(m.efficiency_raw - m.efficiency) > 0.005:
+        return f"{m.efficiency:.2f} (noise; raw {m.efficiency_raw:.2f})"
     return f"{m.efficiency:.2f} [{m.efficiency_lo:.2f}-{m.efficiency_hi:.2f}]"
 
 

@@ -29,6 +29,8 @@ def apply_efficiency(m: Measured, row: dict) -> None:
     """Copy a measured efficiency row (:class:`~autosync.efficiency.EfficiencyMeter`) onto ``m``."""
     if row["status"] == "ok":
         m.efficiency, m.efficiency_lo, m.efficiency_hi = row["efficiency"], row["efficiency_lo"], row["efficiency_hi"]
+        m.efficiency_raw, m.efficiency_band = row.get("efficiency_raw"), row.get("band")
+        m.within_noise = bool(row.get("within_noise")) and m.efficiency_raw is not None
         m.efficiency_source = "measured"
     else:
         m.efficiency_source = "flat" if row["status"] == "flat" else "failed"
