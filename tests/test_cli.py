@@ -124,3 +124,12 @@ def test_a_one_rank_profile_says_nothing_was_sent_instead_of_infinite_bandwidth(
     assert _bandwidth_text(8e8, 2) == "800 Mbit/s"
     assert _bandwidth_text(float("inf"), 1) == "nothing sent (1 rank)"
     assert "inf" not in _bandwidth_text(float("inf"), 4)
+
+
+def test_help_and_bad_flags_answer_without_importing_torch():
+    """`autosync --help`, every command's --help and a bad flag answer at once: building the parser imports no torch,
+    pandas or optuna (tune's options come from TuneConfig, which imports them only when a tune runs)."""
+    code = ("import sys, autosync.cli as c; c.build_parser()\n"
+            "print(sorted(m for m in ('torch', 'pandas', 'optuna', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)

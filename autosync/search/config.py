@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autosync.errors import UserError
-from autosync.search.trials import TrialSettings
 
 #: what a tune optimizes: time-to-loss = samples/s x statistical efficiency (lossy finalists' efficiency measured);
 #: throughput = samples/s, blind to what lossy strategies cost in convergence; lossless = samples/s among
@@ -122,8 +121,11 @@ class TuneConfig:
         return self.objective == "lossless"
 
     @property
-    def settings(self) -> TrialSettings:
-        """How each measured trial runs."""
+    def settings(self):
+        """How each measured trial runs (:class:`~autosync.search.trials.TrialSettings`; imported here: the CLI
+        builds its parser from this module and must not wait for torch)."""
+        from autosync.search.trials import TrialSettings
+
         return TrialSettings(timeout_s=self.trial_timeout_s)
 
 
