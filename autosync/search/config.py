@@ -55,9 +55,8 @@ class TuneConfig:
     finalists: int = 3               # the best by goodput whose lossy members get a measured efficiency
     zero_shot: str = _f("point", "--zero-shot", tuple(ZERO_SHOT_RULES),
                         "with --measure 0, pick by the point estimate (default) or by the lower bound of the predicted "
-                        "80%% interval (conservative; held out it reached a median 0.73 of a measured tune's pick "
-                        "against the point's 0.98: bench/results/zero_shot.md); the output shows the other rule's pick "
-                        "and every pick's interval")
+                        "80%% interval (conservative; how each did held out: bench/results/zero_shot.md); the output "
+                        "shows the other rule's pick and every pick's interval")
     storage: str = _f(DEFAULT_STORAGE, "--storage", "storage",
                       "Optuna storage; share a PostgreSQL URL between workers (default %(default)s)")
     data: str | Path = _f("autosync-data", "--data", "dir", "where measurements are appended (default ./%(default)s)")
