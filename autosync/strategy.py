@@ -34,7 +34,6 @@ from autosync.validation import StrategyError
 from autosync.validation import boolean as _bool
 from autosync.validation import choice as _choice
 from autosync.validation import fail as _fail
-from autosync.validation import integer as _int
 from autosync.validation import mapping as _mapping
 from autosync.validation import number as _number
 
@@ -42,30 +41,31 @@ SCHEMA_VERSION = 1
 SHARDING = ("none", "zero")
 
 
-def _who_takes(table: dict, field_name: str) -> str:
+def _who_takes(table: dict, kind: str, field_name: str) -> str:
     """``only mode local_sgd takes it`` / ``only plans ps and sharded_ps take a placement``."""
     names = [n for n, d in table.items() if field_name in d.fields]
     plural = len(names) > 1
-    kind = _KIND[id(table)]
-    what = "it" if table is registry.SYNC_MODES else field_name if field_name.endswith("s") else f"a {field_name}"
-    if table is registry.COMPRESSORS:
+    what = "it" if kind == "mode" else field_name if field_name.endswith("s") else f"a {field_name}"
+    if kind == "compressor":
         return f"only the {' and '.join(names)} {kind}{'s' if plural else ''} take{'' if plural else 's'} {what}"
     return f"only {kind}{'s' if plural else ''} {' and '.join(names)} take{'' if plural else 's'} {what}"
 
 
-_KIND = {id(registry.COMPRESSORS): "compressor", id(registry.PLANS): "plan", id(registry.SYNC_MODES): "mode"}
-
-
-def table_kind(table: dict) -> str:
-    return _KIND[id(table)]
+_FIELDS: dict[tuple, dict] = {}
 
 
 def table_fields(table: dict) -> dict:
-    """Every field the entries of a registry table take (the first declaration of a name), in registry order."""
-    out: dict = {}
-    for entry in table.values():
-        for name, f in entry.fields.items():
-            out.setdefault(name, f)
+    """Every field the entries of a registry table take (the first declaration of a name), in registry order;
+    computed once per table and set of entries (the schema and the search's diversity signature ask for it on every
+    strategy)."""
+    key = (id(table), *table)
+    out = _FIELDS.get(key)
+    if out is None:
+        out = {}
+        for entry in table.values():
+            for name, f in entry.fields.items():
+                out.setdefault(name, f)
+        _FIELDS[key] = out
     return out
 
 
@@ -79,6 +79,7 @@ class _Choice:
     value. The fields are the registry entry's own (:class:`autosync.plans.base.Field`)."""
 
     TABLE: dict = {}
+    KIND = ""            # what the table's entries are called in messages
 
     def __getattr__(self, key: str):
         if key.startswith("__"):
@@ -97,7 +98,7 @@ class _Choice:
         ``foreign_default_ok``, ignored when it has the value that means "not used")."""
         for name, f in table_fields(cls.TABLE).items():
             if name in raw and name not in entry.fields and not (foreign_default_ok and raw[name] == f.unused):
-                _fail(f"{path}.{name}", _who_takes(cls.TABLE, name))
+                _fail(f"{path}.{name}", _who_takes(cls.TABLE, cls.KIND, name))
         return tuple(entry.read_fields(raw, path).items())
 
     def field_dict(self) -> dict:
@@ -109,7 +110,7 @@ class _Choice:
 class Compressor(_Choice):
     """Gradient compression: a compressor of the registry and its fields (e.g. powersgd {rank}, topk {ratio})."""
 
-    TABLE = registry.COMPRESSORS
+    TABLE, KIND = registry.COMPRESSORS, "compressor"
     name: str = "none"
     values: tuple = ()
 
@@ -133,7 +134,7 @@ class Compressor(_Choice):
 class Group(_Choice):
     """One ordered group: the parameters whose names match ``match``, their plan (and its fields) and compressor."""
 
-    TABLE = registry.PLANS
+    TABLE, KIND = registry.PLANS, "plan"
     match: tuple[str, ...] = ("*",)
     plan: str = "allreduce"
     compressor: Compressor = field(default_factory=Compressor)
@@ -184,7 +185,7 @@ class Group(_Choice):
 class Sync(_Choice):
     """When ranks synchronize: a mode of the registry (bsp, local_sgd, ...) and its fields."""
 
-    TABLE = registry.SYNC_MODES
+    TABLE, KIND = registry.SYNC_MODES, "mode"
     mode: str = "bsp"
     values: tuple = ()
 
