@@ -254,55 +254,94 @@ def test_asp_makes_progress_while_a_rank_is_paused():
     assert abs(fast["params"] - slow["params"]).max() == 0.0         # both end with the master
 
 
+class _PerRankReference:
+    """The strategy's model on this rank, beside one copy of the model per rank that a test steps by a stated rule.
+
+    Every rank draws every rank's batches (generator 100 + r), so each process can follow all copies. ``step()``
+    trains the real model on this rank's batch and returns every copy's gradient of its own rank's batch; the test
+    sets the copies' gradients and calls ``step_copies()``, ``average_copies()`` when its rule says so, and ``gap()``
+    compares this rank's model with its copy."""
+
+    def __init__(self, ctx, strategy: dict, momentum: float):
+        import torch
+
+        from autosync.executor.apply import apply
+
+        def net():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+        self.rank, self.world = ctx.rank, ctx.world_size
+        self.model, self.copies = net(), [net() for _ in range(self.world)]
+        opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=momentum)
+        self.ddp, self.opt = apply(self.model, opt, Strategy.from_dict(strategy), init_sync=False)
+        self.ref_opts = [torch.optim.SGD(c.parameters(), lr=0.05, momentum=momentum) for c in self.copies]
+        self.gens = [torch.Generator().manual_seed(100 + r) for r in range(self.world)]
+
+    def step(self) -> list:
+        import torch
+
+        batches = [(torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)) for g in self.gens]
+        x, y = batches[self.rank]
+        ((self.ddp(x) - y) ** 2).mean().backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        grads = []
+        for c, (xb, yb) in zip(self.copies, batches):
+            c.zero_grad()
+            ((c(xb) - yb) ** 2).mean().backward()
+            grads.append([p.grad.clone() for p in c.parameters()])
+        return grads
+
+    def step_copies(self, grad_of) -> None:
+        """Step every copy r on ``grad_of(r, i)``, the gradient of its parameter i."""
+        for r, (c, o) in enumerate(zip(self.copies, self.ref_opts)):
+            for i, p in enumerate(c.parameters()):
+                p.grad = grad_of(r, i)
+            o.step()
+
+    def average_copies(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for ps in zip(*(c.parameters() for c in self.copies)):
+                mean = sum(p / self.world for p in ps)
+                for p in ps:
+                    p.copy_(mean)
+
+    def gap(self) -> float:
+        return max(float((p - q).abs().max()) for p, q in zip(self.model.parameters(),
+                                                              self.copies[self.rank].parameters()))
+
+    def release(self) -> None:
+        from autosync.executor.apply import release
+
+        release(self.ddp)
+
+
 def _local_sgd_vs_reference(ctx, strategy: dict, islands: list, warmup: int, period: int, steps: int, average: bool):
     """Train by ``strategy`` beside a reference that keeps one copy of the model per rank: before ``warmup`` every
     copy steps on the mean gradient of all ranks; after it, on the mean of its island's ranks (its own when alone),
     and after step s (0-based) with (s - warmup) % period == 0 every copy's parameters become the mean of all
     copies' (``average=False``: the broken variant that never averages). Per step, the largest difference between
     this rank's parameters and its copy's."""
-    import torch
-
-    from autosync.executor.apply import apply, release
-
-    def net():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-
-    world = ctx.world_size
-    model, copies = net(), [net() for _ in range(world)]
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    ddp, opt = apply(model, opt, Strategy.from_dict(strategy), init_sync=False)
-    ref_opts = [torch.optim.SGD(c.parameters(), lr=0.05, momentum=0.9) for c in copies]
-    gens = [torch.Generator().manual_seed(100 + r) for r in range(world)]
-    island_of = {r: next(i for i in islands if r in i) for r in range(world)}
+    ref = _PerRankReference(ctx, strategy, momentum=0.9)
+    island_of = {r: next(i for i in islands if r in i) for r in range(ref.world)}
     gaps = []
     try:
         for s in range(steps):
-            batches = [(torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)) for g in gens]
-            x, y = batches[ctx.rank]
-            ((ddp(x) - y) ** 2).mean().backward()
-            opt.step()
-            opt.zero_grad()
-            grads = []
-            for c, (xb, yb) in zip(copies, batches):
-                c.zero_grad()
-                ((c(xb) - yb) ** 2).mean().backward()
-                grads.append([p.grad.clone() for p in c.parameters()])
-            for r, (c, o) in enumerate(zip(copies, ref_opts)):
-                peers = range(world) if s < warmup else island_of[r]
-                for i, p in enumerate(c.parameters()):
-                    p.grad = sum(grads[q][i] for q in peers) / len(peers)
-                o.step()
+            grads = ref.step()
+
+            def grad_of(r, i):
+                peers = range(ref.world) if s < warmup else island_of[r]
+                return sum(grads[q][i] for q in peers) / len(peers)
+
+            ref.step_copies(grad_of)
             if average and s >= warmup and (s - warmup) % period == 0:
-                with torch.no_grad():
-                    for ps in zip(*(c.parameters() for c in copies)):
-                        mean = sum(p / world for p in ps)
-                        for p in ps:
-                            p.copy_(mean)
-            gaps.append(max(float((p - q).abs().max()) for p, q in zip(model.parameters(),
-                                                                       copies[ctx.rank].parameters())))
+                ref.average_copies()
+            gaps.append(ref.gap())
     finally:
-        release(ddp)
+        ref.release()
     return gaps
 
 
@@ -332,55 +371,29 @@ def _adaptive_vs_reference(ctx, strategy: dict, warmup: int, max_period: int, th
 
     import torch
 
-    from autosync.executor.apply import apply, release
     from autosync.plans.adaptive import SAMPLE
 
-    def net():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-
-    world = ctx.world_size
-    model, copies = net(), [net() for _ in range(world)]
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    ddp, opt = apply(model, opt, Strategy.from_dict(strategy), init_sync=False)
-    ref_opts = [torch.optim.SGD(c.parameters(), lr=0.05) for c in copies]
-    gens = [torch.Generator().manual_seed(100 + r) for r in range(world)]
-    n = sum(p.numel() for p in model.parameters())
+    ref = _PerRankReference(ctx, strategy, momentum=0.0)
+    world = ref.world
+    n = sum(p.numel() for p in ref.model.parameters())
     picks = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:min(SAMPLE, n)].sort().values
     last, out = warmup - 1, []
     try:
         for s in range(steps):
-            batches = [(torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)) for g in gens]
-            x, y = batches[ctx.rank]
-            ((ddp(x) - y) ** 2).mean().backward()
-            opt.step()
-            opt.zero_grad()
-            grads = []
-            for c, (xb, yb) in zip(copies, batches):
-                c.zero_grad()
-                ((c(xb) - yb) ** 2).mean().backward()
-                grads.append([p.grad.clone() for p in c.parameters()])
-            for r, (c, o) in enumerate(zip(copies, ref_opts)):
-                for i, p in enumerate(c.parameters()):
-                    p.grad = sum(g[i] for g in grads) / world if s < warmup else grads[r][i]
-                o.step()
+            grads = ref.step()
+            ref.step_copies(lambda r, i: sum(g[i] for g in grads) / world if s < warmup else grads[r][i])
             averaged, d = False, float("nan")
             if s >= warmup:
-                xs = [torch.cat([p.detach().reshape(-1) for p in c.parameters()])[picks].double() for c in copies]
+                xs = [torch.cat([p.detach().reshape(-1) for p in c.parameters()])[picks].double() for c in ref.copies]
                 mean = sum(xs) / world
                 d = math.sqrt(max(0.0, sum(float(v.pow(2).sum()) for v in xs) / world - float(mean.pow(2).sum())))
                 d /= max(float(mean.norm()), 1e-30)
                 if d > threshold or s - last >= max_period:
                     averaged, last = True, s
-                    with torch.no_grad():
-                        for ps in zip(*(c.parameters() for c in copies)):
-                            m = sum(p / world for p in ps)
-                            for p in ps:
-                                p.copy_(m)
-            gap = max(float((p - q).abs().max()) for p, q in zip(model.parameters(), copies[ctx.rank].parameters()))
-            out.append((gap, averaged, d))
+                    ref.average_copies()
+            out.append((ref.gap(), averaged, d))
     finally:
-        release(ddp)
+        ref.release()
     return out
 
 
