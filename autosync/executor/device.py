@@ -54,17 +54,12 @@ def p2p_device(backend: str, device: str) -> str:
     return "cpu" if str(backend).lower() == "gloo" else device
 
 
-def kind(device: str) -> str:
-    """``cuda`` or ``cpu``: what a Context records (:func:`autosync.context.device_kind`)."""
-    return device_kind(device)
-
-
 def describe(device: str) -> dict[str, Any]:
     """Name and count of the devices and the library versions, for a Context's environment."""
     import torch
 
     out: dict[str, Any] = {}
-    if kind(device) == "cuda":
+    if device_kind(device) == "cuda":
         out.update(device_name=torch.cuda.get_device_name(torch.device(device)),
                    device_count=torch.cuda.device_count(), cuda=torch.version.cuda)
         try:
@@ -78,7 +73,7 @@ def describe(device: str) -> dict[str, Any]:
 
 def set_device(device: str) -> None:
     """Make ``device`` this thread's current CUDA device (no-op on the CPU)."""
-    if kind(device) == "cuda":
+    if device_kind(device) == "cuda":
         import torch
 
         torch.cuda.set_device(torch.device(device))
@@ -86,7 +81,7 @@ def set_device(device: str) -> None:
 
 def synchronize(device: str) -> None:
     """Wait for every kernel queued on ``device`` (no-op on the CPU)."""
-    if kind(device) == "cuda":
+    if device_kind(device) == "cuda":
         import torch
 
         torch.cuda.synchronize(torch.device(device))
@@ -100,7 +95,7 @@ def now(device: str) -> float:
 
 def to_device(batch: dict, device: str) -> dict:
     """A batch (keyword arguments of one forward call) with its tensors on ``device``."""
-    if kind(device) == "cpu":
+    if device_kind(device) == "cpu":
         return batch
     return {k: (v.to(device, non_blocking=True) if hasattr(v, "to") else v) for k, v in batch.items()}
 
@@ -127,7 +122,7 @@ class Marks:
     """
 
     def __init__(self, device: str):
-        self.cuda = kind(device) == "cuda"
+        self.cuda = device_kind(device) == "cuda"
         self.device = device
         self._start: Any = None
 
