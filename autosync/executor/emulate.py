@@ -500,9 +500,5 @@ def open_ranks(cluster: Cluster, unshaped: bool = False, pool=None, **pool_kwarg
             check_shape(cluster, pool)
         yield pool
         return
-    with open_cluster(cluster, unshaped) as emu:
-        try:
-            with emu.pool(**pool_kwargs) as ranks:
-                yield ranks
-        except EmulationError as e:
-            raise UserError(f"cannot emulate {cluster}: {e}") from None
+    with open_cluster(cluster, unshaped) as emu, emu.pool(**pool_kwargs) as ranks:   # its errors: open_cluster's
+        yield ranks
