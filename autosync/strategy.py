@@ -43,8 +43,9 @@ SHARDING = ("none", "zero")
 
 def _who_takes(table: dict, kind: str, field_name: str) -> str:
     """``only mode local_sgd takes it`` / ``only plans ps and sharded_ps take a placement``."""
-    names = [n for n, d in table.items() if field_name in d.fields]
-    plural = len(names) > 1
+    found = [n for n, d in table.items() if field_name in d.fields]
+    names = [", ".join(found[:-1]), found[-1]] if len(found) > 2 else found
+    plural = len(found) > 1
     what = "it" if kind == "mode" else field_name if field_name.endswith("s") else f"a {field_name}"
     if kind == "compressor":
         return f"only the {' and '.join(names)} {kind}{'s' if plural else ''} take{'' if plural else 's'} {what}"

@@ -56,7 +56,6 @@ def figures() -> list[tuple[str, str, str]]:
     transfer = table("transfer.md", "split")
     held = pick(transfer, split="workload", method="regressor")
     coverage = pick(table("transfer.md", "method"), method="normalized conformal (fold spread) - shipped")
-    zero = pick(table("zero_shot.md", "rule"), rule="point estimate (the default)")
     hook = table("hook_overhead.md", "workload")
     ratios = [float(r[k]) for r in hook for k in ("hook/builtin", "worker/builtin")]
     fidelity = [float(r["ratio"]) for r in table("emulation_fidelity.md", "cluster") if r["ratio"] != "n/a"
@@ -72,11 +71,13 @@ def figures() -> list[tuple[str, str, str]]:
          "time_to_quality.md"),
         ("the same end to end (the search's time added to the pick's)", f"{ttq['e2e tune m8 / default']}x",
          "time_to_quality.md"),
+        ("`tune --measure 0` (prediction only) end to end / the DDP default", f"{ttq['e2e tune m0 / default']}x",
+         "time_to_quality.md"),
+        ("`tune --measure 8`'s pick / `tune --measure 0`'s, training only", f"{ttq['/ tune m0']}x",
+         "time_to_quality.md"),
         ("cost model on a held-out workload: pairs of strategies ordered right (median)",
          held["pairwise acc. (median)"], "transfer.md"),
         ("its calibrated 80% interval: share of held-out measurements inside", coverage["coverage"], "transfer.md"),
-        ("`tune --measure 0`'s pick / a measured tune's, samples/s (median of held-out contexts)",
-         zero["median ratio"], "zero_shot.md"),
         (f"simulator alone: rank correlation with measurement (median of {sim.group(1)} contexts)", sim.group(2),
          "simulator_accuracy.md"),
         ("the autosync hook's samples/s / DDP's built-in all-reduce", f"{min(ratios):.3f}-{max(ratios):.3f}",

@@ -327,8 +327,9 @@ def table(rows, args):
         return f"{min(vals):.2f}" if vals else "n/a"
 
     lines += ["", "| clusters | contexts | tune m8 / default | / best baseline | / Optuna alone | / tune m0 | "
-              "worst tune m8 / default | e2e tune m8 / default | slower than the default beyond its noise |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "worst tune m8 / default | e2e tune m8 / default | e2e tune m0 / default | slower than the default beyond its "
+              "noise |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, sel in (("<= 1 gbit", [r for r in done if _slow(r["cluster"])]), ("all", done)):
         if not sel:
             continue
@@ -338,6 +339,7 @@ def table(rows, args):
                      f"{med(ratios(sel, 'tune m8', 'best baseline'))} | {med(ratios(sel, 'tune m8', 'Optuna alone'))} | "
                      f"{med(ratios(sel, 'tune m8', 'tune m0'))} | {worst(ratios(sel, 'tune m8'))} | "
                      f"{med([_x(r['tune m8'], r['DDP default'], True) for r in sel])} | "
+                     f"{med([_x(r['tune m0'], r['DDP default'], True) for r in sel])} | "
                      f"{len(slower)}{': ' + ', '.join(slower) if slower else ''} |")
     lines += ["", "Medians of per-context ratios (a ratio over an arm that never reached L*, or failed, is inf and "
               "counts as a win). One timed training per pick (two for the default): read differences within the "

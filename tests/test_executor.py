@@ -67,6 +67,9 @@ LOSSY = {
     "powersgd": canon(groups=[{"compressor": {"name": "powersgd", "rank": 2}}]),
     "topk": canon(groups=[{"compressor": {"name": "topk", "ratio": 0.01}}]),
     "local_sgd": canon(sync={"mode": "local_sgd", "period": 4, "warmup_steps": 5}),
+    "diloco": canon(sync={"mode": "diloco", "period": 8, "warmup_steps": 5}),
+    "streaming_diloco": canon(sync={"mode": "diloco", "period": 8, "warmup_steps": 5, "fragments": 2, "delay": 1,
+                                    "mix": 0.5, "outer_compressor": "fp4"}),
 }
 
 
@@ -75,10 +78,10 @@ def test_lossy_options_lower_the_loss_and_say_they_are_lossy():
     with RankPool(2, ranks_per_host=1) as pool:  # two hosts: local SGD really runs apart
         for name, strategy in LOSSY.items():
             assert not Strategy.from_dict(strategy).is_lossless, name
-            result, _ = measure(pool, TrialSpec("mlp", strategy, 32, warmup_steps=0, steps=50, lr=0.1), 120)
+            result, _ = measure(pool, TrialSpec(SMALL, strategy, 32, warmup_steps=0, steps=50, lr=0.002), 120)
             assert result.ok, f"{name}: {result.reason}"
             first, last = statistics.fmean(result.losses[:5]), statistics.fmean(result.losses[-5:])
-            assert last < first - 0.02, f"{name}: loss {first:.3f} -> {last:.3f} did not fall"
+            assert last < 0.8 * first, f"{name}: loss {first:.3f} -> {last:.3f} did not fall by a fifth"
 
 
 def test_local_sgd_ranks_drift_apart_between_averaging_rounds():

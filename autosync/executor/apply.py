@@ -72,6 +72,9 @@ def _wrap_optimizer(optimizer, model, strategy: Strategy, pg, state: SyncState):
     optimizer = strategy.sync.kind.wrap_optimizer(optimizer, strategy.sync, pg)
     if hasattr(optimizer, "finish"):   # asp: release() stops the parameter server and hands out its parameters
         state.closers.append(optimizer.finish)
+    drain = getattr(getattr(optimizer, "averager", None), "drain", None)
+    if drain is not None:              # diloco: outer all-reduces still in flight finish before the groups go
+        state.closers.append(drain)
     return optimizer
 
 

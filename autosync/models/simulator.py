@@ -72,6 +72,7 @@ class SimContext:
         self.paths = profile.path_bps()[0]
         m = profile.model
         self.flop_rate = m.flops_per_step / max(m.forward_s + m.backward_s, 1e-9)
+        self.compute_s = m.forward_s + m.backward_s + m.optimizer_s     # one step's compute, seconds
 
     def t(self, op: str, nbytes: float, scope: str = "world") -> float:
         """Seconds of collective ``op`` on ``nbytes`` within ``scope`` (world | intra | inter)."""

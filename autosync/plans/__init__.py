@@ -13,8 +13,8 @@ columns; append, never insert, or seeded random draws of ``collect`` change.
 """
 from __future__ import annotations
 
-from autosync.plans import (adaptive, allreduce, asp, bsp, hierarchical_allreduce, local_sgd, lowp, none, powersgd, ps,
-                            row_sparse, selective, sfb, sharded_ps, ssp, topk)
+from autosync.plans import (adaptive, allreduce, asp, bsp, diloco, hierarchical_allreduce, local_sgd, lowp, none,
+                            powersgd, ps, row_sparse, selective, sfb, sharded_ps, ssp, topk)
 from autosync.plans.base import CompressorDef, PlanDef, SyncModeDef
 
 PLANS: dict[str, PlanDef] = {p.name: p for p in (
@@ -39,6 +39,7 @@ SYNC_MODES: dict[str, SyncModeDef] = {m.name: m for m in (
     adaptive.MODE,
     asp.MODE,
     selective.MODE,
+    diloco.MODE,
 )}
 
 

@@ -17,7 +17,8 @@ The hook-side ``comm`` argument is the executor's ``SyncState``: ``pg``, ``world
 ``rank``, ``ranks_per_host``, ``intra_group``, ``leader_group``, ``mode_state``, ``global_rank(r)``,
 ``subgroup(ranks)``. The
 simulator-side ``sim`` argument offers ``t(collective, nbytes, scope)``, ``alpha(collective)``,
-``world``, ``nodes``, ``ranks_per_node``, ``paths`` (host-to-host bandwidths, bit/s) and ``flop_rate``.
+``world``, ``nodes``, ``ranks_per_node``, ``paths`` (host-to-host bandwidths, bit/s), ``flop_rate`` and
+``compute_s`` (one step's compute, seconds).
 """
 from __future__ import annotations
 

@@ -7,11 +7,16 @@ For ``warmup_steps`` steps it is bsp. After them, gradients are averaged only in
     bucket cost = t_ar^intra(n)  (several ranks per host; 0 with one)      lossy
     step cost  += t_ar(M) / period                     (M = the model's bytes, not overlapped)
 
+``outer_compressor`` (fp16, bf16, int8, fp4) sends each rank's change since the last averaging through a
+codec instead (:mod:`autosync.plans.outer`): the average is then of the parameters as the codec delivers them,
+and the averaging's cost becomes an all-gather of the compressed bytes, ``t_ag(M_c) / period``.
+
 It cannot be combined with ZeRO (the averager needs whole parameters on every rank).
 """
 from __future__ import annotations
 
 from autosync.plans.base import Field, SyncModeDef
+from autosync.plans.outer import OUTER_CODECS, OUTER_COMPRESSOR, averager_class, codec_of, outer_cost
 
 PERIODS = (2, 4, 8)
 SEARCH_WARMUP_STEPS = 2
@@ -24,8 +29,9 @@ class LocalSGD(SyncModeDef):
     allows_zero = False
     bypasses_plans = True
     wraps_optimizer = True
-    fields = {"period": Field(4, 2, 10_000, unused=1), "warmup_steps": Field(10, 0, 1_000_000, unused=0)}
-    features = {"local_sgd": 0.0, "local_period": 1.0}
+    fields = {"period": Field(4, 2, 10_000, unused=1), "warmup_steps": Field(10, 0, 1_000_000, unused=0),
+              "outer_compressor": OUTER_COMPRESSOR}
+    features = {"local_sgd": 0.0, "local_period": 1.0, "outer_bytes": 1.0}
 
     def suggest(self, trial, profile=None) -> dict:
         return {"warmup_steps": SEARCH_WARMUP_STEPS, "period": trial.suggest_categorical("local_sgd_period", PERIODS)}
@@ -49,8 +55,12 @@ class LocalSGD(SyncModeDef):
 
     def averager(self, sync, process_group):
         """The torch ModelAverager that averages the parameters of all ranks (frameworks with their own
-        averaging step, e.g. Lightning's DDPStrategy, take it as it is)."""
+        averaging step, e.g. Lightning's DDPStrategy, take it as it is); through a codec, the outer loop's averager
+        at outer lr 1 without momentum."""
         from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+        if sync.outer_compressor is not None:
+            return averager_class()(sync, process_group)
 
         return PeriodicModelAverager(period=sync.period, warmup_steps=sync.warmup_steps, process_group=process_group)
 
@@ -65,10 +75,11 @@ class LocalSGD(SyncModeDef):
         return sim.t("all_reduce", nbytes) if sim.nodes == 1 else 0.0
 
     def step_cost(self, sim, sync, model_bytes: float) -> float:
-        return sim.t("all_reduce", model_bytes) / sync.period
+        return outer_cost(sim, sync, model_bytes)
 
     def sync_features(self, sync) -> dict[str, float]:
-        return {"local_sgd": 1.0, "local_period": float(sync.period)}
+        return {"local_sgd": 1.0, "local_period": float(sync.period),
+                "outer_bytes": OUTER_CODECS[codec_of(sync)] / 4}
 
 
 MODE = LocalSGD()

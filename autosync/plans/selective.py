@@ -37,6 +37,7 @@ from typing import Any
 from autosync import validation as v
 from autosync.plans.base import Field
 from autosync.plans.local_sgd import LocalSGD
+from autosync.plans.outer import OUTER_CODECS, OUTER_COMPRESSOR, codec_of
 
 PERIODS = (2, 4, 8)
 SEARCH_WARMUP_STEPS = 2
@@ -185,8 +186,9 @@ class Selective(LocalSGD):
     fields = {"islands": Field(read=read_islands, unused=(), required=(
                   "required for mode selective: the hosts that average every step, as a list of host lists (e.g. "
                   "[[0, 1], [2]]); `autosync tune` chooses them from the per-path bandwidth")),
-              "period": Field(4, 2, 10_000, unused=1), "warmup_steps": Field(10, 0, 1_000_000, unused=0)}
-    features = {"selective": 0.0, "selective_period": 1.0, "selective_reach": 1.0}
+              "period": Field(4, 2, 10_000, unused=1), "warmup_steps": Field(10, 0, 1_000_000, unused=0),
+              "outer_compressor": OUTER_COMPRESSOR}
+    features = {"selective": 0.0, "selective_period": 1.0, "selective_reach": 1.0, "outer_bytes": 1.0}
 
     def suggest(self, trial, profile=None) -> dict:
         points = profile_frontier(profile) if profile is not None else []
@@ -235,7 +237,7 @@ class Selective(LocalSGD):
 
     def sync_features(self, sync) -> dict[str, float]:
         return {"selective": 1.0, "selective_period": float(sync.period),
-                "selective_reach": reach(sync.islands, 1)}
+                "selective_reach": reach(sync.islands, 1), "outer_bytes": OUTER_CODECS[codec_of(sync)] / 4}
 
 
 MODE = Selective()

@@ -27,6 +27,13 @@ Each is built from a Profile (parameter names, sizes, embeddings, world size):
   islands of hosts joined by fast paths, every 4 steps the parameters of all ranks (after 2 warm-up
   steps); islands by :func:`autosync.plans.selective.pick` from the per-path bandwidths. Left out on
   an even cluster (no island choice between bsp and local SGD).
+- ``diloco``: DiLoCo (Douillard et al. 2023): the user's optimizer inside, every 8 steps (after 2 warm-up
+  steps) the averaged pseudo-gradient through an outer Nesterov SGD (lr 0.7, momentum 0.9), the paper's outer
+  optimizer. The paper syncs every 500 steps over ~88,000; 8 keeps the paper's spirit (many outer rounds) on
+  short runs: 30 outer rounds in the efficiency protocol's 240-step horizon.
+- ``streaming_diloco``: Streaming DiLoCo (Douillard et al. 2025) at the same period: two fragments on a
+  staggered schedule, each fragment's all-reduce overlapping one inner step, mixed half and half
+  (alpha 0.5), pseudo-gradients sent as 4-bit floats.
 """
 from __future__ import annotations
 
@@ -70,6 +77,10 @@ def baselines(profile: Profile) -> dict[str, Strategy]:
         "poseidon": {"groups": [{"match": factored, "plan": "sfb"}, {"match": "*"}]} if factored else {},
         "selective": {"sync": {"mode": "selective", "islands": islands["text"], "period": 4, "warmup_steps": 2}}
         if islands else {},
+        "diloco": {"sync": {"mode": "diloco", "period": 8, "warmup_steps": 2, "outer_lr": 0.7, "outer_momentum": 0.9}},
+        "streaming_diloco": {"sync": {"mode": "diloco", "period": 8, "warmup_steps": 2, "outer_lr": 0.7,
+                                      "outer_momentum": 0.9, "fragments": 2, "delay": 1, "mix": 0.5,
+                                      "outer_compressor": "fp4"}},
     }
     out: dict[str, Strategy] = {}
     seen: set[str] = set()
