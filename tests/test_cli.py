@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import cli
+from conftest import SMALL, cli
 
 FAULTS = "tests/fixtures/faulty.py"
 
@@ -62,7 +62,7 @@ def test_the_api_called_at_import_time_names_the_cause(tmp_path):
     """Spawned ranks re-import the main module: a script without a __main__ guard must be told so."""
     script = tmp_path / "use_api.py"
     script.write_text("import autosync\n"
-                      f"autosync.tune('mlp', cluster='2x1@1gbit', measure=1, unshaped=True, objective='throughput', "
+                      f"autosync.tune({SMALL!r}, cluster='2x1@1gbit', measure=1, unshaped=True, objective='throughput', "
                       f"data={str(tmp_path / 'd')!r}, storage={'sqlite:///' + str(tmp_path / 's.db')!r})\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode != 0
