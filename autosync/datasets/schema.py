@@ -2,20 +2,24 @@
 
 Plain data: imported by search and models, importing neither. ``SCHEMA_VERSION`` is
 stored in every row and in the Parquet metadata; a file of an unknown version is refused,
-one of version 1 is read as version 2 (its ``efficiency_key`` computed from its columns).
+one of an older version is read as the current one (version 1's ``efficiency_key`` computed
+from its columns; version 2's ``sent_bytes_per_step`` missing, null).
 
 Version 2 adds ``efficiency_key``: the row's key into the efficiency table
 (``EFFICIENCY_SCHEMA``, one row per measured (workload, batch, world, lossy choices), see
 :mod:`autosync.efficiency`). Reading a dataset joins the efficiency columns onto the trials:
 a lossless strategy has efficiency 1 by definition, a lossy one its measured value, or NaN
 when it has not been measured.
+
+Version 3 adds ``sent_bytes_per_step``: bytes one rank sent to other hosts per timed step, measured at the
+emulated hosts' interfaces (:mod:`autosync.executor.measure`); null where it was not measured.
 """
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 KEY = ("context_id", "strategy_hash")
 
 SCHEMA = pa.schema([
@@ -62,6 +66,7 @@ SCHEMA = pa.schema([
     ("cv", pa.float64()),
     ("steps", pa.int32()),
     ("peak_mem_mb", pa.float64()),
+    ("sent_bytes_per_step", pa.float64()),  # v3: per rank, to other hosts, measured on emulated hosts (else null)
     # provenance
     ("torch_version", pa.string()),
     ("cores", pa.int32()),

@@ -147,13 +147,17 @@ def safe_name(context_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.@" else "_" for c in context_id)
 
 
-def _upgrade_v1(table: pa.Table) -> pa.Table:
-    """A version-1 trials table as version 2: its efficiency keys computed from its columns."""
-
-    cols = {c: table.column(c).to_pylist() for c in ("workload", "batch_size", "world_size", "ranks_per_node",
-                                                       "strategy")}
-    keys = [efficiency_key(w, b, n, r, loads_strategy(s)) for w, b, n, r, s in zip(*cols.values())]
-    return table.append_column("efficiency_key", pa.array(keys, pa.string()))
+def _upgrade(table: pa.Table) -> pa.Table:
+    """An older trials table as the current version: version 1's efficiency keys computed from its columns,
+    version 2's bytes sent per step null (not measured then)."""
+    if "efficiency_key" not in table.column_names:
+        cols = {c: table.column(c).to_pylist() for c in ("workload", "batch_size", "world_size", "ranks_per_node",
+                                                           "strategy")}
+        keys = [efficiency_key(w, b, n, r, loads_strategy(s)) for w, b, n, r, s in zip(*cols.values())]
+        table = table.append_column("efficiency_key", pa.array(keys, pa.string()))
+    if "sent_bytes_per_step" not in table.column_names:
+        table = table.append_column("sent_bytes_per_step", pa.nulls(table.num_rows, pa.float64()))
+    return table
 
 
 def _measured_on(row: dict) -> str | None:
@@ -169,7 +173,7 @@ class DatasetStore:
         elif not self.root.is_dir():
             raise DatasetError(f"{self.root}: no dataset here (not a directory)")
         self._trials = _Table(self.root, MAIN, "part", SCHEMA, KEY, b"autosync_dataset", SCHEMA_VERSION,
-                              READABLE_VERSIONS, _upgrade_v1)
+                              READABLE_VERSIONS, _upgrade)
         self._efficiency = _Table(self.root, EFFICIENCY_MAIN, "efficiency-part", EFFICIENCY_SCHEMA, EFFICIENCY_KEY,
                                   b"autosync_efficiency", EFFICIENCY_VERSION, (EFFICIENCY_VERSION,))
 

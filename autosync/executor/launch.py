@@ -75,6 +75,9 @@ class RankContext:
     extra: dict = field(default_factory=dict)
     device: str = "cpu"          # where this rank computes (executor.device): cpu, or cuda:<local rank>
     backend: str = "gloo"
+    #: the emulated host's interface to the other hosts (inside this rank's namespace), None elsewhere: what the
+    #: host sends to other hosts crosses it and nothing else does, so its counters measure the bytes sent
+    host_if: str | None = None
 
 
 def pid_alive(pid: int) -> bool:
@@ -194,7 +197,8 @@ def _rank_main(rank: int, world: int, ranks_per_host: int, master: tuple[str, in
         # waited 2 min on a slower rank: asp's rank 0, done with its first window long before the workers that
         # exchange with it over a slow link, timed out in the window's all-reduce (moe-tiny, 3x1@200mbit).
         dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank, world_size=world)
-        ctx = RankContext(rank, world, ranks_per_host, device=device, backend=backend)
+        ctx = RankContext(rank, world, ranks_per_host, device=device, backend=backend,
+                          host_if=place.ifname if place.netns else None)
         results.put(("ready", rank, None))
     except BaseException as e:  # noqa: BLE001 - reported to the launcher
         results.put(("error", rank, f"rank {rank} could not start: {type(e).__name__}: {e}"))

@@ -10,6 +10,12 @@ mode (asp) has no job step: each rank runs at its own pace, so step ``i`` counts
 ``W / sum_r (1 / t_r,i)`` and throughput is the sum of the ranks' rates. Peak memory is
 the largest resident-set peak of any rank during the trial (Linux VmHWM, reset before it).
 
+Bytes sent per step and rank are measured on emulated hosts: the first rank of each host reads the transmit
+counter of the host's interface to the other hosts (``/proc/net/dev`` in its namespace) before and after the
+timed steps; ``sum over hosts of the bytes / timed steps / W``. They count what crossed the wire between hosts
+(TCP/IP headers and acknowledgements included; traffic inside a host, over its loopback, is not counted).
+Elsewhere (unshaped loopback, a real job) they are not measured (None).
+
 A trial trains with SGD (momentum 0.9) at lr 0.01 from fresh weights, unless its spec names an optimizer or a
 learning rate; a mode whose communication follows the training trajectory (adaptive) trains as the efficiency
 protocol does instead (:meth:`TrialSpec.recipe`).
@@ -81,6 +87,7 @@ class TrialResult:
     step_times: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     wall_s: float = 0.0
+    sent_bytes_per_step: float | None = None   # per rank, between emulated hosts (module docstring); None: not measured
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -93,6 +100,16 @@ class TrialResult:
 def _whole_periods(steps: int, period: int) -> int:
     """``steps`` rounded down to whole periods, at least one period."""
     return max(period, steps // period * period) if period > 1 else steps
+
+
+def sent_bytes(ifname: str) -> int:
+    """Bytes sent through interface ``ifname`` of this process's network namespace so far (``/proc/net/dev``)."""
+    with open("/proc/net/dev") as f:
+        for line in f.read().splitlines()[2:]:
+            name, data = line.split(":", 1)
+            if name.strip() == ifname:
+                return int(data.split()[8])
+    raise LookupError(f"no interface {ifname} in this network namespace")
 
 
 def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
@@ -121,10 +138,14 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
     period = strategy.sync.kind.steps_per_round(strategy.sync)
     total = spec.warmup_steps + _whole_periods(spec.steps, period)
     times, losses = [], []
+    counts = ctx.host_if is not None and ctx.rank % ctx.ranks_per_host == 0   # one reader per emulated host
+    sent = [0.0, 0.0]                                                         # bytes, timed steps (this host)
     try:
         dist.barrier()
         step = 0
         while step < total:
+            if counts and step == spec.warmup_steps:
+                sent[0] = -sent_bytes(ctx.host_if)
             batch = dev.to_device(make_batch(spec.batch_size, gen), device)
             t0 = dev.now(device)
             loss = workloads.loss_of(ddp(**batch))
@@ -138,6 +159,8 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
                 slowest = dev.reduce_values([max(times[-1:] or [0.0])], "max", device)[0]  # same decision everywhere
                 fits = int(spec.time_budget_s / max(slowest, 1e-6))
                 total = spec.warmup_steps + _whole_periods(max(spec.min_steps, min(spec.steps, fits)), period)
+        if counts:
+            sent = [sent[0] + sent_bytes(ctx.host_if), float(step - spec.warmup_steps)]
     finally:
         release(ddp)
     if strategy.sync.kind.asynchronous:
@@ -149,8 +172,10 @@ def run_trial(ctx: RankContext, spec: TrialSpec) -> dict[str, Any]:
         slowest = dev.reduce_values(times, "max", device)
     loss_sum = dev.reduce_values(losses, "sum", device)
     peak = dev.reduce_values([peak_rss_mb()], "max", device)[0]
+    host_bytes, host_steps = dev.reduce_values(sent, "sum", device)
     out: dict[str, Any] = {"step_times": slowest, "losses": [x / ctx.world_size for x in loss_sum],
-                           "peak_mem_mb": float(peak)}
+                           "peak_mem_mb": float(peak),
+                           "sent_bytes_per_step": (host_bytes / host_steps / ctx.ranks_per_host) if host_steps else None}
     if spec.record_params and ctx.rank == 0:   # the only copy to the host, and only when asked
         out["params"] = {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
     return out
@@ -167,7 +192,8 @@ def summarize(spec: TrialSpec, world_size: int, raw: dict[str, Any], wall_s: flo
     return TrialResult(str(spec.workload), Strategy.from_dict(spec.strategy).hash, world_size, spec.batch_size, "ok",
                        samples_per_s=world_size * spec.batch_size / step, step_s=step,
                        step_stat=stat, cv=cv,
-                       peak_mem_mb=raw["peak_mem_mb"], step_times=timed, losses=raw["losses"], wall_s=wall_s)
+                       peak_mem_mb=raw["peak_mem_mb"], step_times=timed, losses=raw["losses"], wall_s=wall_s,
+                       sent_bytes_per_step=raw.get("sent_bytes_per_step"))
 
 
 def measure(pool: RankPool, spec: TrialSpec, timeout: float = 300.0) -> tuple[TrialResult, dict | None]:

@@ -35,7 +35,8 @@ from autosync import plans as registry
 from autosync.models.features import featurize
 from autosync.strategy import Strategy
 
-_LOSSY_FEATURES = [f for e in (*registry.COMPRESSORS.values(), *registry.SYNC_MODES.values()) for f in e.features]
+_LOSSY_FEATURES = list(dict.fromkeys(f for e in (*registry.COMPRESSORS.values(), *registry.SYNC_MODES.values())
+                                     for f in e.features))     # a feature several entries share counts once
 EFF_FEATURES = ["log_params", "embedding_frac", "log_batch", "world_size", "log_noise_scale", "compression",
                 *_LOSSY_FEATURES]
 PARAMS = dict(objective="regression_l1", n_estimators=200, learning_rate=0.05, num_leaves=7, min_child_samples=3,

@@ -164,7 +164,7 @@ def _measured_html(result: TuneResult) -> str:
     if not rows:
         return ""
     cols = ["source", "strategy", "lossy", "status", "samples/s", "+-spread", "speedup", "predicted",
-            "efficiency", "time to target"]
+            "efficiency", "time to target", "MB sent/step/rank"]
     body = []
     for r in rows:
         tt = ("-" if r["time_speedup"] is None else "never" if r["time_speedup"] == 0 else
@@ -176,13 +176,15 @@ def _measured_html(result: TuneResult) -> str:
                  f"{r['speedup']:.2f}x" if r["speedup"] else "-",
                  "-" if math.isnan(r["predicted_speedup"]) else f"{r['predicted_speedup']:.2f}x"
                  + (" [{:.2f}-{:.2f}]".format(*r["predicted_interval"]) if r["predicted_interval"] else ""),
-                 r["efficiency"], tt]
+                 r["efficiency"], tt,
+                 "-" if r["sent_bytes_per_step"] is None else f"{r['sent_bytes_per_step'] / 1e6:,.2f}"]
         cls = " class='pick'" if r["hash"] == result.strategy.hash else ""
         body.append(f"<tr{cls}>" + "".join(f"<td{' class=lossy' if c == 'lossy' else ''}>{e(str(c))}</td>"
                                            for c in cells) + "</tr>")
     return ("<h2>Every measured strategy</h2><table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"
             + "".join(body) + "</table><p class='note'>speedup = measured samples/s over the DDP default's; time to "
-            "target = speedup x statistical efficiency (lossless: 1); the pick is highlighted.</p>")
+            "target = speedup x statistical efficiency (lossless: 1); MB sent/step/rank = bytes one rank sent to other hosts "
+            "per step, measured at the emulated hosts' interfaces (- where not measured); the pick is highlighted.</p>")
 
 
 def _plots_html(result: TuneResult, profile, store) -> list[str]:

@@ -25,15 +25,23 @@ def _table(title: str, columns, justify: str = "right"):
     return table
 
 
+def sent_text(nbytes: float | None) -> str:
+    """Bytes one rank sent to other hosts per step, measured; or why there is no figure."""
+    if nbytes is None or nbytes != nbytes:
+        return "not measured (no emulated hosts)"
+    return f"{nbytes / 1e6:,.2f} MB (measured)"
+
+
 def print_trial(result, as_json: bool, title: str, where: str | None = None) -> None:
     """One measured trial (``autosync run``); as JSON, ``where`` travels with the numbers as ``measured_on``."""
     if as_json:
         print(result.to_json() if where is None else json.dumps({**json.loads(result.to_json()), "measured_on": where}))
         return
-    table = _table(title, ("status", "samples/s", f"step ({result.step_stat})", "CV", "peak mem", "ranks",
-                           "batch/rank"))
+    table = _table(title, ("status", "samples/s", f"step ({result.step_stat})", "CV", "peak mem",
+                           "sent per step and rank", "ranks", "batch/rank"))
     table.add_row(result.status, f"{result.samples_per_s:,.1f}", f"{result.step_s * 1e3:.1f} ms",
-                  f"{result.cv:.1%}", f"{result.peak_mem_mb:,.0f} MB", str(result.world_size), str(result.batch_size))
+                  f"{result.cv:.1%}", f"{result.peak_mem_mb:,.0f} MB", sent_text(result.sent_bytes_per_step),
+                  str(result.world_size), str(result.batch_size))
     out = console()
     out.print(table)
     if result.reason:
@@ -110,7 +118,7 @@ def measured_table(result, profile, workload):
     table = _table(f"measured on {profile.context.label} ({workload}, batch {profile.model.batch_size}/rank; "
                    f"objective {result.objective})",
                    ["source", "strategy", "lossy", "predicted", "status", "samples/s", "+-spread", "speedup",
-                    "efficiency", "time to target"] + (["by"] if peers else []))
+                    "efficiency", "time to target", "MB sent/step"] + (["by"] if peers else []))
     for r in rows:
         pred = "-" if math.isnan(r["predicted_speedup"]) else f"{r['predicted_speedup']:.2f}x"
         if r["predicted_interval"] and pred != "-":
@@ -120,7 +128,8 @@ def measured_table(result, profile, workload):
         cells = [r["source"], r["hash"][:8], "yes" if r["lossy"] == "lossy" else "no", pred, r["status"],
                  f"{r['samples_per_s']:,.1f}" if r["samples_per_s"] else "-",
                  f"{r['spread'] / 2:.0%} ({r['rounds']})" if r["spread"] is not None else "-",
-                 f"{r['speedup']:.2f}x" if r["speedup"] else "-", r["efficiency_short"], tt]
+                 f"{r['speedup']:.2f}x" if r["speedup"] else "-", r["efficiency_short"], tt,
+                 "-" if r["sent_bytes_per_step"] is None else f"{r['sent_bytes_per_step'] / 1e6:,.2f}"]
         table.add_row(*cells, *([r["worker"] or "this run"] if peers else []))
     return table
 

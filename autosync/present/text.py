@@ -82,7 +82,8 @@ def measured_rows(result: TuneResult) -> list[dict]:
                      "time_speedup": tt if (not m.lossy or m.efficiency_source in ("measured", "predicted")) else None,
                      "time_speedup_predicted": m.lossy and m.efficiency_source == "predicted",
                      "worker": m.worker, "predicted_speedup": m.predicted_speedup,
-                     "predicted_interval": m.predicted_interval, "reason": m.reason})
+                     "predicted_interval": m.predicted_interval, "reason": m.reason,
+                     "sent_bytes_per_step": m.sent_bytes_per_step})
     return rows
 
 

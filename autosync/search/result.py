@@ -26,6 +26,7 @@ class Measured:
     efficiency_source: str = "lossless"   # lossless | measured | predicted | flat (reference too flat) | failed
     repeats: list[float] = field(default_factory=list)   # samples/s of the interleaved confirmation rounds
     predicted_interval: tuple[float, float] | None = None  # the cost model's 80% interval (speedups), when it has one
+    sent_bytes_per_step: float | None = None   # per rank, to other hosts, measured on emulated hosts (else None)
 
     @property
     def lossy(self) -> bool:

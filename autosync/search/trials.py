@@ -64,7 +64,8 @@ def trial_row(profile: Profile, strategy: Strategy, source: str, result: TrialRe
             "strategy": strategy.to_json(), "strategy_hash": strategy.hash, "source": source,
             "lossless": strategy.is_lossless, "status": result.status, "reason": result.reason,
             "samples_per_s": result.samples_per_s, "median_step_s": result.step_s, "cv": result.cv,
-            "steps": len(result.step_times), "peak_mem_mb": result.peak_mem_mb, "timestamp": time.time()}
+            "steps": len(result.step_times), "peak_mem_mb": result.peak_mem_mb,
+            "sent_bytes_per_step": result.sent_bytes_per_step, "timestamp": time.time()}
 
 
 class Journal:

@@ -166,7 +166,7 @@ class TuneRun:
         if strategy.hash in self.stored:
             row = self.stored[strategy.hash]
             m = Measured(source, strategy, predicted, row["status"], row["samples_per_s"], row["reason"],
-                         predicted_interval=interval)
+                         predicted_interval=interval, sent_bytes_per_step=_number(row.get("sent_bytes_per_step")))
             if strategy.hash not in self.study.busy_hashes():  # the study learns what this dataset already knew
                 self.study.record(strategy, row["samples_per_s"] if row["status"] == "ok" else None, "measured",
                                   source=source, samples_per_s=row["samples_per_s"], status=row["status"],
@@ -180,7 +180,8 @@ class TuneRun:
                            store=self.store, source=source)
             self.store.append([trial_row(self.profile, strategy, source, r)])
             Journal(self.store).end()
-            m = Measured(source, strategy, predicted, r.status, r.samples_per_s, r.reason, predicted_interval=interval)
+            m = Measured(source, strategy, predicted, r.status, r.samples_per_s, r.reason, predicted_interval=interval,
+                         sent_bytes_per_step=r.sent_bytes_per_step)
             self.study.finish(claim, r, self.reference() if source != "ddp_default" else r.samples_per_s)
         self.measured.append(m)
         if self.on_measured:
@@ -228,6 +229,11 @@ class TuneRun:
                 out.append(Measured(r["source"], s, self.proposer.predicted(s), r["status"], r["samples_per_s"],
                                     r["reason"], worker=r["worker"]))
         return out
+
+
+def _number(x) -> float | None:
+    """A stored number, None where it is null or NaN (not measured)."""
+    return None if x is None or x != x else float(x)
 
 
 def _stored(store: DatasetStore, profile: Profile) -> dict[str, dict]:
