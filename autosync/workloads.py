@@ -354,6 +354,16 @@ BUILTINS: dict[str, BuiltinInfo] = {
     "lstm-lm": BuiltinInfo(lstm_lm, 16, lstm_lm.__doc__ or ""),
     "wide-recsys": BuiltinInfo(wide_recsys, 1024, wide_recsys.__doc__ or ""),
 }
+
+DEFAULT_LR = 1e-3    # Adam's, for workloads that name none (BuiltinInfo.lr)
+
+
+def lr_of(workload) -> float:
+    """The efficiency protocol's Adam learning rate for ``workload``: a built-in's own (``BuiltinInfo.lr``), else
+    ``DEFAULT_LR``."""
+    info = BUILTINS.get(workload) if isinstance(workload, str) else None
+    return getattr(info, "lr", None) or DEFAULT_LR
+
 DEFAULT_BATCH_SIZE = 32
 
 

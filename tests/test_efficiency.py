@@ -1,8 +1,11 @@
 """Statistical efficiency: paired training on real ranks, and the arithmetic of the comparison."""
+import json
+
 import pytest
 
 from autosync.datasets.store import DatasetStore
-from autosync.efficiency import PROTOCOL, Curve, CurveSpec, compare, key, lr_of, reusable, steps_to, target
+from autosync.efficiency import (BAND_LIMIT, PROTOCOL, Curve, CurveSpec, as_protocol, compare, decide, key, lr_of,
+                                 reusable, steps_to, target)
 from autosync.efficiency.meter import EfficiencyMeter
 from autosync.efficiency.train import measure_curve
 from autosync.executor.launch import RankPool
@@ -19,14 +22,32 @@ def test_steps_to_interpolates_the_first_crossing_and_none_when_never():
     assert steps_to(steps, losses, 0.5) is None
 
 
-def test_compare_counts_noise_as_one_and_never_reaching_as_zero():
-    refs = [Curve([0, 10, 20, 30, 40], [4, 3, 2, 1.5, 1.2], []), Curve([0, 10, 20, 30, 40], [4, 3, 2.05, 1.5, 1.2], [])]
+def test_compare_decides_by_the_raw_ratio_or_its_lower_bound_and_never_reaching_as_zero():
+    steps = [0, 10, 20, 30, 40]
+    refs = [Curve(steps, [4, 3, 2, 1.5, 1.2], []), Curve(steps, [4, 3, 2.05, 1.5, 1.2], [])]
     same = compare(refs, refs[0], 40)
-    assert same.efficiency == 1.0 and same.within_noise
-    stuck = compare(refs, Curve([0, 10, 20, 30, 40], [4, 3.9, 3.8, 3.7, 3.6], []), 40)
+    assert same.efficiency == same.raw == 1.0 and same.within_noise and same.pairs == 1
+    slower = compare(refs, Curve(steps, [4, 3.2, 2.4, 1.8, 1.4], []), 40)
+    assert slower.within_noise is False and slower.efficiency == slower.raw < 0.95 and slower.band <= BAND_LIMIT
+    stuck = compare(refs, Curve(steps, [4, 3.9, 3.8, 3.7, 3.6], []), 40)
     assert stuck.efficiency == 0.0 and stuck.reached_loss > 3
     with pytest.raises(ValueError):
         compare(refs[:1], refs[0], 40)
+    # reference seeds that disagree by 50%: one pair cannot resolve a 0.9 from 1.0, so its lower bound decides,
+    # never the 1.0 a noise rule would make of it
+    wide = [Curve(steps, [4, 3, 2, 1.5, 1.2], []), Curve(steps, [4, 3.5, 3, 2.2, 1.3], [])]
+    one = compare(wide, Curve(steps, [4, 3.1, 2.1, 1.6, 1.3], []), 40)
+    assert one.band > BAND_LIMIT and one.within_noise and one.efficiency == pytest.approx(one.raw * (1 - one.band))
+    assert one.efficiency < one.raw < 1.0
+    # four pairs: the band is max(reference spread, the pairs' spread) / sqrt(4), the raw ratio the pairs' mean
+    refs4 = wide + [Curve(steps, [4, 3, 2.1, 1.5, 1.2], []), Curve(steps, [4, 3.2, 2.4, 1.6, 1.2], [])]
+    cands = [Curve(steps, [4, 3.1, 2.1, 1.6, 1.3], [])] * 4
+    four = compare(refs4, cands, 40)
+    assert four.pairs == 4 and four.raw == pytest.approx(sum(four.ratios) / 4)
+    h = max(abs(1 - steps_to(r.steps, r.eval_loss, four.target_loss) / four.steps_ref) for r in refs4[1:])
+    spread = max(abs(r / four.raw - 1) for r in four.ratios)
+    assert four.band == pytest.approx(max(h, spread) / 2)
+    assert decide(0.9, 0.1) == 0.9 and decide(0.9, 0.5) == pytest.approx(0.45) and decide(0.9, 1.5) == 0.0
 
 
 def test_a_candidate_trained_past_the_horizon_is_read_there_only_when_short_of_the_target_by_it():
@@ -81,7 +102,8 @@ def test_scaled_down_updates_measure_efficiency_clearly_below_one_and_the_defaul
     assert capped.steps == [0, EVERY] and capped.time_to(0.0) is None, "max_train_s must stop a run that never gets there"
     assert refs[0].eval_loss[-1] < refs[0].eval_loss[0] * 0.9, "the reference must learn over the horizon"
     assert refs[0].signals["grad_noise_scale"] > 0 and refs[0].signals["grad_error"] < 1e-6
-    assert compare(refs, again, HORIZON).efficiency == 1.0
+    same = compare(refs, again, HORIZON)
+    assert same.raw == 1.0 and same.efficiency == decide(1.0, same.band)
     eff = compare(refs, slow, HORIZON)
     assert eff.efficiency < 0.8, eff
     assert eff.final_loss_ratio > 1.02
@@ -170,6 +192,27 @@ def test_rows_of_an_older_protocol_are_reused_only_where_the_measurement_did_not
     assert not reusable({"efficiency_key": sync, "protocol": 2, "status": "ok", "efficiency_raw": 0.0})
     assert not reusable({"efficiency_key": sync, "protocol": 1, "status": "ok", "efficiency_raw": 0.0})
     assert reusable({"efficiency_key": sync, "protocol": 3, "status": "ok", "efficiency_raw": 0.0})
+    # protocol 4 trains more seed pairs where the band is wide: a protocol-3 row with a wide band is measured again;
+    # one with a narrow band is what protocol 4 measures with one pair, its 1.0 of the old noise rule decided again
+    narrow = {"efficiency_key": sync, "protocol": 3, "status": "ok", "efficiency_raw": 0.93, "band": 0.1,
+              "efficiency": 1.0, "within_noise": True, "lossy_key": "x"}
+    assert reusable(narrow) and as_protocol(narrow)["efficiency"] == 0.93
+    assert not reusable({**narrow, "band": 0.3})
+    assert reusable({**narrow, "protocol": PROTOCOL, "band": 0.3})
+
+
+def test_a_wide_band_trains_more_seed_pairs_and_stores_them(tmp_path):
+    """With a band limit of 0 every candidate trains the most pairs: seeds 1 and 2 of the reference are measured
+    (and stored) for it, and the row lists each pair's ratio."""
+    store = DatasetStore(tmp_path / "d")
+    psgd = Strategy.from_dict({"groups": [{"compressor": {"name": "powersgd", "rank": 1}}]})
+    with EfficiencyMeter(store, SMALL, 64, 2, 1, horizon=HORIZON, eval_every=EVERY, band_limit=0.0,
+                         max_pairs=3) as meter:
+        row = meter.measure(psgd)
+    assert row["status"] == "ok" and row["pairs"] == 3 and len(json.loads(row["pair_ratios"])) == 3
+    assert row["efficiency_raw"] == pytest.approx(sum(json.loads(row["pair_ratios"])) / 3, rel=1e-4)
+    rows = store.read_efficiency()
+    assert sorted(rows.seed[rows.lossy_key == "lossless"]) == [0, 1, 2]
 
 
 def test_the_efficiency_model_can_be_fitted_without_one_workload():

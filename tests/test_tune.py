@@ -231,8 +231,9 @@ def test_a_tune_config_holds_every_default_and_checks_every_choice():
 
 
 def test_an_efficiency_says_what_it_is_measured_with_its_rule_or_predicted():
-    """A measured efficiency that the noise rule counts as 1 says so, with its raw ratio and band (it once printed
-    "1.00 [0.18-0.86] measured": a value outside its own band, unexplained); a predicted one says predicted."""
+    """A measured efficiency whose band stayed wide is decided by its lower bound and says so, with its raw ratio,
+    band and seed pairs (it once printed "1.00 [0.18-0.86] measured": a 1.0 the noise rule made up, outside its
+    own band); a resolved one reads as its raw ratio; a predicted one says predicted."""
     from autosync.present.text import efficiency_text
     from autosync.search.result import Measured
     from autosync.strategy import Strategy
@@ -242,10 +243,11 @@ def test_an_efficiency_says_what_it_is_measured_with_its_rule_or_predicted():
     def m(**kw):
         return Measured("tune", lossy, 1.0, "ok", 10.0, **kw)
 
-    noisy = efficiency_text(m(efficiency=1.0, efficiency_lo=0.18, efficiency_hi=0.86, efficiency_source="measured",
-                              efficiency_raw=0.52, efficiency_band=0.65, within_noise=True))
-    assert "raw 0.52 [0.18-0.86]" in noisy and "+-65%" in noisy and "counts as 1" in noisy
+    wide = efficiency_text(m(efficiency=0.18, efficiency_lo=0.18, efficiency_hi=0.86, efficiency_source="measured",
+                             efficiency_raw=0.52, efficiency_band=0.65, efficiency_pairs=4, within_noise=True))
+    assert wide.startswith("0.18 measured: the lower bound of raw 0.52 [0.18-0.86]"), wide
+    assert "4 seed pairs" in wide and "+-15%" in wide
     assert efficiency_text(m(efficiency=0.88, efficiency_lo=0.87, efficiency_hi=0.89, efficiency_source="measured",
-                             efficiency_raw=0.88, efficiency_band=0.01)) == "0.88 [0.87-0.89] measured"
+                             efficiency_raw=0.88, efficiency_band=0.01)) == "0.88 [0.87-0.89] measured (1 seed pair)"
     assert efficiency_text(m(efficiency=0.8, efficiency_source="predicted")) == "0.80 predicted"
     assert efficiency_text(Measured("d", Strategy.default(), 1.0, "ok", 10.0)) == "1 (lossless)"

@@ -77,7 +77,7 @@ SCHEMA = pa.schema([
 COLUMNS = tuple(SCHEMA.names)
 
 # --- the efficiency table: one row per (workload, batch, world, lossy choices), and the reference's seeds ---
-EFFICIENCY_VERSION = 1
+EFFICIENCY_VERSION = 2           # 2 adds pairs and pair_ratios (efficiency protocol 4); version 1 reads with them null
 EFFICIENCY_KEY = ("efficiency_key",)
 EFFICIENCY_SCHEMA = pa.schema([
     ("efficiency_key", pa.string()),
@@ -93,12 +93,15 @@ EFFICIENCY_SCHEMA = pa.schema([
     ("horizon", pa.int32()), ("eval_every", pa.int32()), ("seed", pa.int32()), ("lr", pa.float64()),
     ("optimizer", pa.string()), ("protocol", pa.int32()),
     # result
-    ("efficiency", pa.float64()),         # reported: 1 within the reference's noise band, 0 when L* not reached
+    ("efficiency", pa.float64()),         # what decides: raw, or the band's lower bound where it stayed wide (protocol
+                                          # 4); protocol <= 3 reported 1 within the reference's noise band
     ("efficiency_raw", pa.float64()),
     ("efficiency_lo", pa.float64()),
     ("efficiency_hi", pa.float64()),
     ("band", pa.float64()),               # the reference's seed-to-seed relative spread of steps to L*
     ("within_noise", pa.bool_()),
+    ("pairs", pa.int32()),                # v2: seed pairs measured (null: one, protocol <= 3)
+    ("pair_ratios", pa.string()),         # v2: JSON list of each pair's n_ref / n_cand
     ("target_loss", pa.float64()),
     ("reached_loss", pa.float64()),
     ("steps_ref", pa.float64()),

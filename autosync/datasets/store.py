@@ -160,6 +160,14 @@ def _upgrade(table: pa.Table) -> pa.Table:
     return table
 
 
+def _upgrade_efficiency(table: pa.Table) -> pa.Table:
+    """A version-1 efficiency table as version 2: ``pairs`` and ``pair_ratios`` null (one pair, not listed)."""
+    for name, kind in (("pairs", pa.int32()), ("pair_ratios", pa.string())):
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows, kind))
+    return table
+
+
 def _measured_on(row: dict) -> str | None:
     """Where a trial's timing-dependent efficiency applies: its cluster, unless it ran unshaped (loopback)."""
     return LOOPBACK if "|unshaped|" in str(row.get("context_id", "")) else row.get("cluster")
@@ -175,7 +183,8 @@ class DatasetStore:
         self._trials = _Table(self.root, MAIN, "part", SCHEMA, KEY, b"autosync_dataset", SCHEMA_VERSION,
                               READABLE_VERSIONS, _upgrade)
         self._efficiency = _Table(self.root, EFFICIENCY_MAIN, "efficiency-part", EFFICIENCY_SCHEMA, EFFICIENCY_KEY,
-                                  b"autosync_efficiency", EFFICIENCY_VERSION, (EFFICIENCY_VERSION,))
+                                  b"autosync_efficiency", EFFICIENCY_VERSION, (1, EFFICIENCY_VERSION),
+                                  _upgrade_efficiency)
 
     # --- locking -------------------------------------------------------------------------
     @contextmanager

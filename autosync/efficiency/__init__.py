@@ -25,11 +25,19 @@ therefore 0 or >= 3 / (4 EXTEND) = 0.375. (Protocol 2 stopped every candidate at
 so a candidate 0.6 as efficient read 0; such censored rows are measured again.) Signals and
 the final-loss ratio are taken over the horizon only, whatever the extension.
 
-**Noise.** The reference is trained from ``reference_seeds`` (>= 2) seeds; its seed-to-seed
-relative spread of ``n(L*)`` is the band ``h``. The candidate is paired with seed 0; a raw
-efficiency within ``1 +- h`` counts as 1.0 (``within_noise``), and every result carries
-``raw * (1 -+ h)`` as its band. The final evaluation-loss ratio (candidate / reference, last
-evaluation) has its own band from the reference's seeds.
+**Noise, and an efficiency that resolves.** Candidate seed s is paired with reference seed s (same
+initial weights, data order and held-out set); each pair gives a ratio ``r_s = n_ref,s(L*) / n_cand,s(L*)``
+and the raw efficiency is their mean. The reference seeds' relative spread of ``n(L*)`` (``h``, from
+``REFERENCE_SEEDS`` >= 2 seeds, against seed 0) is what one pair's ratio may be off by; with m pairs the
+band is ``max(h, spread of the r_s) / sqrt(m)``, and every result carries ``raw * (1 -+ band)``. While the
+band is wider than ``BAND_LIMIT`` (0.15), another pair is trained (reference seed and candidate seed m),
+up to ``MAX_PAIRS`` (4). The efficiency that decides is the raw ratio where the band resolved it, and the
+band's lower bound where it stayed wide (:func:`decide`): never a 1.0 that noise made up. ``within_noise``
+(``|raw - 1| <= band``) is kept as information. A candidate that never reaches L* (seed 0) has efficiency 0
+and gets no further pairs. (Protocol 3 paired one seed and reported 1.0 for any raw ratio within
+``1 +- h``; its rows whose band was within ``BAND_LIMIT`` measured what protocol 4 measures and are
+reused; the others are measured again, with more pairs.) The final evaluation-loss ratio (candidate /
+reference, seed 0's last evaluation) has its own band from the reference's seeds.
 
 **Signals** (cheap, recorded at every evaluation step, averaged over the horizon): the
 relative error of the applied gradient against the exact mean of the ranks' gradients
@@ -60,6 +68,7 @@ final ones; efficiency is measured at one learning rate and optimizer.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -71,7 +80,7 @@ import numpy as np
 from autosync.context import LOOPBACK, reference_key  # noqa: F401
 from autosync.context import efficiency_key as key  # noqa: F401
 from autosync.context import efficiency_place as place
-from autosync.executor.recipe import DEFAULT_LR, lr_of  # noqa: F401
+from autosync.workloads import DEFAULT_LR, lr_of  # noqa: F401
 
 REFERENCE_SEEDS = 2
 TARGET_AT = 0.75                 # L* = the reference's evaluation loss at this share of the horizon
@@ -81,7 +90,9 @@ DEFAULT_HORIZON = 240
 DEFAULT_EVAL_EVERY = 20
 FLAT_DROP = 0.02                 # a reference whose loss falls less than this share by L* cannot rank anything
 EXTEND = 2                       # a candidate short of L* at the horizon trains on, up to this many horizons
-PROTOCOL = 3                     # bump when the measurement changes: stored results of another protocol are not reused
+BAND_LIMIT = 0.15                # a band wider than this is narrowed by more seed pairs, up to MAX_PAIRS
+MAX_PAIRS = 4
+PROTOCOL = 4                     # bump when the measurement changes: stored results of another protocol are not reused
 #                                  (2: asynchronous modes train on the cluster in timed windows; 3: a candidate short of
 #                                  L* at the horizon trains on, up to EXTEND horizons; see reusable())
 
@@ -152,20 +163,32 @@ def steps_by(steps: list[int], losses: list[float], target: float, horizon: floa
     return steps_to(steps[:n], losses[:n], target)
 
 
+def decide(raw: float, band: float) -> float:
+    """The efficiency that ranks a candidate: its raw ratio where the band resolved it (``band <= BAND_LIMIT``),
+    else the band's lower bound ``raw * (1 - band)``."""
+    return raw if band <= BAND_LIMIT else max(0.0, raw * (1 - band))
+
+
 @dataclass
 class Efficiency:
-    """The outcome of one paired comparison (see the module docstring)."""
+    """The outcome of a paired comparison (see the module docstring)."""
 
-    efficiency: float           # reported: 1.0 inside the noise band, 0 when L* was never reached
-    raw: float                  # n_ref / n_cand before the noise rule (0 when never reached)
-    band: float                 # h: the reference's seed-to-seed relative spread of n(L*)
-    within_noise: bool
+    efficiency: float           # what decides: :func:`decide` of raw and band, 0 when L* was never reached
+    raw: float                  # the mean of the pairs' n_ref / n_cand (0 when never reached)
+    band: float                 # max(h, spread of the pairs' ratios) / sqrt(pairs)
+    within_noise: bool          # |raw - 1| <= band (information only)
     target_loss: float
     reached_loss: float         # the candidate's lowest smoothed evaluation loss
     steps_ref: float
     steps_cand: float | None
     final_loss_ratio: float     # candidate's last evaluation loss / the reference's (seed 0)
     final_loss_band: float      # the reference seeds' relative spread of the last evaluation loss
+    ratios: list[float] = field(default_factory=list)   # each pair's n_ref,s / n_cand,s
+
+    @property
+    def pairs(self) -> int:
+        return max(1, len(self.ratios))
+
 
     @property
     def lo(self) -> float:
@@ -177,42 +200,66 @@ class Efficiency:
 
 
 def target(references: list[Curve], horizon: int) -> float:
-    mean = np.mean([smooth(c.eval_loss) for c in references], axis=0)
+    """L*: from the first ``REFERENCE_SEEDS`` reference seeds (more seeds, measured to narrow a band, leave it)."""
+    mean = np.mean([smooth(c.eval_loss) for c in references[:REFERENCE_SEEDS]], axis=0)
     return loss_at(references[0].steps, list(mean), TARGET_AT * horizon)
 
 
-def compare(references: list[Curve], candidate: Curve, horizon: int) -> Efficiency:
-    """Efficiency of ``candidate`` (paired with ``references[0]``) against the reference seeds. The candidate's
-    curve up to ``horizon`` is read first (as every protocol has); only when it did not reach L* there, the part
-    trained on past the horizon (``EXTEND``) counts. The final-loss ratio is the loss at the horizon's."""
-    if len(references) < 2:
-        raise ValueError("the noise band needs at least 2 reference seeds")
+def _steps_of(candidate: Curve, goal: float, horizon: int) -> float | None:
+    n = steps_by(candidate.steps, candidate.eval_loss, goal, horizon)
+    return n if n is not None else steps_to(candidate.steps, candidate.eval_loss, goal)
+
+
+def compare(references: list[Curve], candidates, horizon: int) -> Efficiency:
+    """Efficiency of the candidate's seeds ``candidates`` (a Curve or a list; seed s paired with ``references[s]``)
+    against the reference seeds. Each candidate curve is read up to ``horizon`` first (as every protocol has);
+    only when it did not reach L* there, the part trained on past the horizon (``EXTEND``) counts. The final-loss
+    ratio is seed 0's at the horizon."""
+    candidates = [candidates] if isinstance(candidates, Curve) else list(candidates)
+    if len(references) < max(REFERENCE_SEEDS, len(candidates)):
+        raise ValueError("the noise band needs at least 2 reference seeds, and one per candidate seed")
     goal = target(references, horizon)
     ref_steps = [steps_to(c.steps, c.eval_loss, goal) or float(horizon) for c in references]
     n0 = ref_steps[0]
-    band = max(abs(1 - n / n0) for n in ref_steps[1:])
+    h = max(abs(1 - n / n0) for n in ref_steps[1:])
     finals = [c.eval_loss[-1] for c in references]
     final_band = max(abs(1 - f / finals[0]) for f in finals[1:])
-    n_cand = steps_by(candidate.steps, candidate.eval_loss, goal, horizon)
-    if n_cand is None:
-        n_cand = steps_to(candidate.steps, candidate.eval_loss, goal)
-    within_h = sum(1 for s in candidate.steps if s <= horizon)
-    raw = n0 / max(n_cand, 1e-9) if n_cand is not None else 0.0
-    within = n_cand is not None and abs(raw - 1) <= band
-    return Efficiency(1.0 if within else raw, raw, band, within, goal, min(smooth(candidate.eval_loss)), n0, n_cand,
-                      candidate.eval_loss[within_h - 1] / finals[0], final_band)
+    steps = [_steps_of(c, goal, horizon) for c in candidates]
+    ratios = [ref_steps[i] / max(n, 1e-9) if n is not None else 0.0 for i, n in enumerate(steps)]
+    raw = float(np.mean(ratios))
+    spread = max(abs(r / raw - 1) for r in ratios) if raw > 0 and len(ratios) > 1 else 0.0
+    band = max(h, spread) / math.sqrt(len(ratios))
+    reached = steps[0] is not None and raw > 0
+    within = reached and abs(raw - 1) <= band
+    within_h = sum(1 for s in candidates[0].steps if s <= horizon)
+    return Efficiency(decide(raw, band) if reached else 0.0, raw if reached else 0.0, band, within, goal,
+                      min(smooth(candidates[0].eval_loss)), n0, steps[0],
+                      candidates[0].eval_loss[within_h - 1] / finals[0], final_band, ratios)
 
 
 def reusable(row: dict) -> bool:
-    """Whether a stored row was measured by this protocol. Protocol 3 changed only candidates that had not
-    reached L* by the horizon (they train on now): an older row that did reach it measured the same. Protocol 2
-    changed only asynchronous modes on a cluster (timed windows instead of lockstep steps): a protocol-1 row of
-    anything else measured the same."""
-    if row.get("protocol") == PROTOCOL:
+    """Whether a stored row was measured by this protocol, or by an older one that measured the same. Protocol 4
+    changed how noise decides (pairs while the band is wide, no 1.0 made up): a protocol-3 row that reached L*
+    with a band within BAND_LIMIT is what protocol 4 measures with one pair (its efficiency decided again by
+    :func:`decide`, see :func:`as_protocol`). Protocol 3 changed only candidates that had not reached L* by the
+    horizon (older rows that never reached it are measured again), protocol 2 only asynchronous modes on a
+    cluster (protocol-1 rows measured there are not reused)."""
+    proto = row.get("protocol")
+    if proto == PROTOCOL:
         return True
     if row.get("status") == "ok" and row.get("efficiency_raw") == 0:
-        return False                                    # censored at the horizon: protocol 3 measures it further
-    return row.get("protocol") == 2 or (row.get("protocol") == 1 and place(row["efficiency_key"]) in (None, LOOPBACK))
+        return proto == 3          # never reached L*: protocol 3 trained on as 4 does; older ones stopped early
+    if row.get("status") == "ok" and row.get("lossy_key") != "lossless" and (row.get("band") or 0.0) > BAND_LIMIT:
+        return False               # a band protocol 4 narrows with more pairs
+    return proto in (2, 3) or (proto == 1 and place(row["efficiency_key"]) in (None, LOOPBACK))
+
+
+def as_protocol(row: dict) -> dict:
+    """A reusable stored row with its efficiency decided by this protocol (:func:`decide`)."""
+    if row.get("status") == "ok" and row.get("protocol") != PROTOCOL and row.get("lossy_key") != "lossless" \
+            and row.get("efficiency_raw"):
+        row = {**row, "efficiency": decide(row["efficiency_raw"], row.get("band") or 0.0)}
+    return row
 
 
 def is_flat(start: float, goal: float) -> bool:
@@ -241,7 +288,8 @@ def efficiency_row(ekey: str, workload: str, batch: int, world: int, ranks_per_h
            "wall_s": curve.wall_s if curve else 0.0, "torch_version": torch.__version__, "timestamp": time.time()}
     if eff is not None:
         row.update(efficiency=eff.efficiency, efficiency_raw=eff.raw, efficiency_lo=eff.lo, efficiency_hi=eff.hi,
-                   band=eff.band, within_noise=eff.within_noise, target_loss=eff.target_loss,
+                   band=eff.band, within_noise=eff.within_noise, pairs=eff.pairs,
+                   pair_ratios=json.dumps([round(r, 6) for r in eff.ratios]), target_loss=eff.target_loss,
                    reached_loss=eff.reached_loss, steps_ref=eff.steps_ref,
                    steps_cand=eff.steps_cand if eff.steps_cand is not None else float("nan"),
                    final_loss_ratio=eff.final_loss_ratio, final_loss_band=eff.final_loss_band)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from autosync.efficiency import (DEFAULT_EVAL_EVERY, DEFAULT_HORIZON, EXTEND, LOOPBACK, REFERENCE_SEEDS, Curve,
-                                 CurveSpec, _curve_of, compare, efficiency_row, is_flat, key, lr_of, reference_key,
-                                 reusable, target)
+from autosync.efficiency import (BAND_LIMIT, DEFAULT_EVAL_EVERY, DEFAULT_HORIZON, EXTEND, LOOPBACK, MAX_PAIRS, REFERENCE_SEEDS,
+                                 Curve, CurveSpec, _curve_of, as_protocol, compare, efficiency_row, is_flat, key, lr_of,
+                                 reference_key, reusable, target)
 from autosync.efficiency.train import measure_curve
 from autosync.errors import UserError
 from autosync.strategy import Strategy
@@ -15,7 +15,8 @@ class EfficiencyMeter:
     measurement takes the place of a stored row of its key that could not be reused (see :func:`reusable`).
 
     One meter per (workload, batch, world, hosts). ``measure(strategy)`` returns the stored or
-    newly measured row (a dict, see :func:`efficiency_row`) of the strategy's efficiency key.
+    newly measured row (a dict, see :func:`efficiency_row`) of the strategy's efficiency key; while its band is
+    wider than ``BAND_LIMIT`` it trains another pair of seeds (reference and candidate), up to ``MAX_PAIRS``.
 
     An asynchronous mode (asp) is timing-dependent: once :meth:`on_cluster` has given the meter the
     cluster's own ranks, it is trained there (its key and row name the cluster); without them it is
@@ -24,7 +25,8 @@ class EfficiencyMeter:
 
     def __init__(self, store, workload, batch_size: int, world: int, ranks_per_host: int = 1,
                  horizon: int | None = None, eval_every: int = DEFAULT_EVAL_EVERY, lr: float | None = None,
-                 optimizer: str = "adam", timeout_s: float = 1800.0, pool=None, progress=None, also=()):
+                 optimizer: str = "adam", timeout_s: float = 1800.0, pool=None, progress=None, also=(),
+                 band_limit: float = BAND_LIMIT, max_pairs: int = MAX_PAIRS):
         self.store = store
         self.also = list(also)          # more stores whose measurements are reused (e.g. the shipped dataset)
         self.workload, self.name = workload, str(workload)
@@ -32,9 +34,10 @@ class EfficiencyMeter:
         self.horizon = horizon or DEFAULT_HORIZON
         self.eval_every, self.lr, self.optimizer = eval_every, lr or lr_of(workload), optimizer
         self.timeout_s = timeout_s
+        self.band_limit, self.max_pairs = band_limit, max_pairs
         self._pool, self._own_pool = pool, pool is None
         self.progress = progress
-        self._references: list[Curve] | None = None
+        self._references: list[Curve] = []
         self._also_rows: list[dict] | None = None
         self._cluster_pool, self.cluster = None, None
 
@@ -86,7 +89,7 @@ class EfficiencyMeter:
             row = rows.get(ekey)
             if (row is not None and reusable(row) and row.get("horizon") == self.horizon
                     and row.get("lr") == self.lr):
-                return row
+                return as_protocol(row)
         return None
 
     def noise_scale(self) -> float:
@@ -111,25 +114,22 @@ class EfficiencyMeter:
         except TrialFailure as f:
             return None, f.status, f.reason
 
-    def references(self) -> list[Curve]:
-        """The DDP default's curves from ``REFERENCE_SEEDS`` seeds (measured once, then stored)."""
-        if self._references is None:
-            curves = []
-            default = Strategy.default()
-            for seed in range(REFERENCE_SEEDS):
-                ekey = reference_key(self.name, self.batch, self.world, seed)
-                row = self._stored(ekey)
-                if row is None or row["status"] != "ok":
-                    curve, status, reason = self._run(default, seed, ekey, f"the reference (seed {seed})")
-                    if curve is None:
-                        raise UserError(f"efficiency: the reference run of {self.name} {status}: {reason}")
-                    row = efficiency_row(ekey, self.name, self.batch, self.world, self.rph, default,
-                                         self._spec(default, seed), curve, None)
-                    row.update(efficiency=1.0, efficiency_raw=1.0, efficiency_lo=1.0, efficiency_hi=1.0)
-                    self.store.replace_efficiency([row])
-                curves.append(_curve_of(row))
-            self._references = curves
-        return self._references
+    def references(self, seeds: int = REFERENCE_SEEDS) -> list[Curve]:
+        """The DDP default's curves from ``seeds`` seeds (each measured once, then stored)."""
+        default = Strategy.default()
+        for seed in range(len(self._references), seeds):
+            ekey = reference_key(self.name, self.batch, self.world, seed)
+            row = self._stored(ekey)
+            if row is None or row["status"] != "ok":
+                curve, status, reason = self._run(default, seed, ekey, f"the reference (seed {seed})")
+                if curve is None:
+                    raise UserError(f"efficiency: the reference run of {self.name} {status}: {reason}")
+                row = efficiency_row(ekey, self.name, self.batch, self.world, self.rph, default,
+                                     self._spec(default, seed), curve, None)
+                row.update(efficiency=1.0, efficiency_raw=1.0, efficiency_lo=1.0, efficiency_hi=1.0)
+                self.store.replace_efficiency([row])
+            self._references.append(_curve_of(row))
+        return self._references[:seeds]
 
     def stored(self, strategy: Strategy) -> dict | None:
         """The stored efficiency row of ``strategy``'s lossy choices, or None; nothing is run."""
@@ -156,6 +156,19 @@ class EfficiencyMeter:
             return row
         curve, status, reason = self._run(strategy, 0, ekey, f"lossy strategy {strategy.hash}", goal)
         eff = compare(refs, curve, self.horizon) if curve is not None else None
+        curves = [curve]
+        while eff is not None and eff.raw > 0 and eff.band > self.band_limit and len(curves) < self.max_pairs:
+            seed = len(curves)
+            if self.progress:
+                self.progress(f"band +-{eff.band:.0%} is wider than +-{self.band_limit:.0%}: pair {seed + 1} of at "
+                              f"most {self.max_pairs}")
+            more, status2, reason2 = self._run(strategy, seed, ekey, f"lossy strategy {strategy.hash} (seed {seed})",
+                                               goal)
+            if more is None:       # the pairs so far stand; the row says why there are no more
+                reason = f"seed {seed} {status2}: {reason2}"
+                break
+            curves.append(more)
+            eff = compare(self.references(max(REFERENCE_SEEDS, len(curves))), curves, self.horizon)
         row = efficiency_row(ekey, self.name, self.batch, self.world, self.rph, strategy, self._spec(strategy, 0),
                              curve, eff, status, reason)
         self.store.replace_efficiency([row])

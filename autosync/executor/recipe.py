@@ -8,19 +8,12 @@ one place that says how.
 - the data order: rank ``r`` draws its batches from :func:`data_generator` ``(seed, r)``,
   ``torch.Generator().manual_seed(seed * 100_003 + r)``;
 - the optimizer: :func:`make_optimizer`, Adam or SGD with momentum 0.9;
-- the learning rate of the efficiency protocol (Adam): :func:`lr_of`, a built-in workload's own, else ``DEFAULT_LR``.
+- the learning rate of the efficiency protocol (Adam): ``lr_of`` (:mod:`autosync.workloads`), a built-in
+  workload's own, else ``DEFAULT_LR``.
 """
 from __future__ import annotations
 
-from autosync import workloads
-
-DEFAULT_LR = 1e-3    # Adam's, for workloads that name none (autosync.workloads.BuiltinInfo.lr)
-
-
-def lr_of(workload) -> float:
-    """The protocol's Adam learning rate for ``workload``: a built-in's own (``BuiltinInfo.lr``), else 1e-3."""
-    info = workloads.BUILTINS.get(workload) if isinstance(workload, str) else None
-    return getattr(info, "lr", None) or DEFAULT_LR
+from autosync.workloads import DEFAULT_LR, lr_of  # noqa: F401  (a workload's own: autosync.workloads)
 
 
 def make_optimizer(name: str, lr: float, params):

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from autosync import plans as registry
+from autosync.efficiency import as_protocol
 from autosync.models.features import featurize
 from autosync.strategy import Strategy
 
@@ -80,7 +81,7 @@ def training_rows(store) -> tuple[pd.DataFrame, np.ndarray]:
         if profiles[k] is None:
             continue
         feats.append(features(profiles[k], Strategy.from_dict(json.loads(r["strategy"])), scales.get(k, float("nan"))))
-        rows.append({"workload": r["workload"], "efficiency": float(np.clip(r["efficiency"], *CLIP)),
+        rows.append({"workload": r["workload"], "efficiency": float(np.clip(as_protocol(r)["efficiency"], *CLIP)),
                      "efficiency_key": r["efficiency_key"]})
     X = np.array([[f[n] for n in EFF_FEATURES] for f in feats], dtype=np.float64).reshape(len(feats), len(EFF_FEATURES))
     return pd.DataFrame(rows, columns=["workload", "efficiency", "efficiency_key"]), X

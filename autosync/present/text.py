@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from autosync.efficiency import BAND_LIMIT
 from autosync.models.uncertainty import LEVEL
 from autosync.profiler import Profile
 from autosync.search.config import ZERO_SHOT_RULES
@@ -39,11 +40,16 @@ def uncertainty_lines(result: TuneResult) -> list[str]:
     return lines
 
 
+def _lower_bound(m: Measured) -> bool:
+    """Whether a measured efficiency is its band's lower bound (the band stayed wider than BAND_LIMIT)."""
+    return m.efficiency_band is not None and m.efficiency_band > BAND_LIMIT and bool(m.efficiency_raw)
+
+
 def efficiency_text(m: Measured) -> str:
     """A strategy's efficiency as a person reads it, saying what it is: ``1 (lossless)``; ``0.88 [0.87-0.89]
-    measured`` (raw ratio x (1 -+ the reference seeds' spread)); a raw ratio within that spread counts as 1 and
-    says so, with the raw figure (``1.00 measured: raw 0.52 [0.18-0.86] is within the reference seeds' spread of
-    +-65%, so it counts as 1``); ``0.80 predicted`` (the efficiency model's, not measured)."""
+    measured (1 seed pair)`` (the raw ratio, with raw x (1 -+ band)); where the band stayed wide, its lower bound
+    decides and the text says so (``0.18 measured: the lower bound of raw 0.52 [0.18-0.86] (4 seed pairs; the band
+    stayed wider than +-15%)``); ``0.80 predicted`` (the efficiency model's, not measured)."""
     if not m.lossy:
         return "1 (lossless)"
     if m.efficiency_source in ("flat", "failed"):
@@ -51,11 +57,11 @@ def efficiency_text(m: Measured) -> str:
     if m.efficiency_source != "measured":
         return f"{m.efficiency:.2f} {m.efficiency_source}"
     band = f"[{m.efficiency_lo:.2f}-{m.efficiency_hi:.2f}]"
-    if m.within_noise and m.efficiency_raw is not None and abs(m.efficiency_raw - m.efficiency) > 0.005:
-        spread = f" of +-{m.efficiency_band:.0%}" if m.efficiency_band is not None else ""
-        return (f"{m.efficiency:.2f} measured: raw {m.efficiency_raw:.2f} {band} is within the reference seeds' "
-                f"spread{spread}, so it counts as 1")
-    return f"{m.efficiency:.2f} {band} measured"
+    pairs = f"{m.efficiency_pairs} seed pair{'s' if m.efficiency_pairs > 1 else ''}"
+    if _lower_bound(m):
+        return (f"{m.efficiency:.2f} measured: the lower bound of raw {m.efficiency_raw:.2f} {band} ({pairs}; the "
+                f"band stayed wider than +-{BAND_LIMIT:.0%})")
+    return f"{m.efficiency:.2f} {band} measured ({pairs})"
 
 
 def _efficiency_short(m: Measured) -> str:
@@ -65,8 +71,8 @@ def _efficiency_short(m: Measured) -> str:
         return "unknown"
     if m.efficiency_source == "predicted":
         return f"{m.efficiency:.2f} pred."
-    if m.within_noise and m.efficiency_raw is not None and abs(m.efficiency_raw - m.efficiency) > 0.005:
-        return f"{m.efficiency:.2f} (noise; raw {m.efficiency_raw:.2f})"
+    if _lower_bound(m):
+        return f"{m.efficiency:.2f} (lower bound; raw {m.efficiency_raw:.2f})"
     return f"{m.efficiency:.2f} [{m.efficiency_lo:.2f}-{m.efficiency_hi:.2f}]"
 
 

@@ -30,6 +30,8 @@ def apply_efficiency(m: Measured, row: dict) -> None:
     if row["status"] == "ok":
         m.efficiency, m.efficiency_lo, m.efficiency_hi = row["efficiency"], row["efficiency_lo"], row["efficiency_hi"]
         m.efficiency_raw, m.efficiency_band = row.get("efficiency_raw"), row.get("band")
+        pairs = row.get("pairs")
+        m.efficiency_pairs = int(pairs) if pairs is not None and pairs == pairs else 1
         m.within_noise = bool(row.get("within_noise")) and m.efficiency_raw is not None
         m.efficiency_source = "measured"
     else:

@@ -20,9 +20,10 @@ class Measured:
     efficiency: float = 1.0   # statistical efficiency (1 for lossless strategies)
     efficiency_lo: float = 1.0
     efficiency_hi: float = 1.0
-    efficiency_raw: float | None = None   # measured: n_ref / n_cand before the noise rule
-    efficiency_band: float | None = None  # measured: the reference seeds' relative spread (the noise rule's band)
-    within_noise: bool = False            # measured: |raw - 1| <= band, so the efficiency counts as 1
+    efficiency_raw: float | None = None   # measured: the mean of the seed pairs' n_ref / n_cand
+    efficiency_band: float | None = None  # measured: its relative band (efficiency protocol 4)
+    efficiency_pairs: int = 1             # measured: seed pairs trained
+    within_noise: bool = False            # measured: |raw - 1| <= band (information; the efficiency is not set to 1)
     efficiency_source: str = "lossless"   # lossless | measured | predicted | flat (reference too flat) | failed
     repeats: list[float] = field(default_factory=list)   # samples/s of the interleaved confirmation rounds
     predicted_interval: tuple[float, float] | None = None  # the cost model's 80% interval (speedups), when it has one
