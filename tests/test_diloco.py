@@ -57,10 +57,12 @@ def _outer_reference(ctx, strategy: dict, rule: dict, steps: int, inner_momentum
         for s in range(steps):
             grads = ref.step()
             ref.step_copies(lambda r, i: (sum(g[i] for g in grads) / W) if s < rule["warmup"] else grads[r][i])
-            if s == rule["warmup"]:
+            if s == rule["warmup"] - 1:        # bsp until here: every copy is the same
+                glob = [p.detach().clone() for p in params(0)]
+            elif s == rule["warmup"] == 0:      # no warm-up: averaged after the first step
                 ref.average_copies()
                 glob = [p.detach().clone() for p in params(0)]
-            elif s > rule["warmup"]:
+            elif s >= rule["warmup"]:
                 for f in [f for f, (due, _) in pending.items() if due == s]:
                     finish(f, pending.pop(f)[1])
                 for f in [f for f in range(F) if (s - rule["warmup"] - f * P // F) % P == 0]:   # staggered
@@ -149,13 +151,14 @@ def test_with_period_1_and_sgd_inside_it_is_plain_ddp():
 
 
 def test_each_fragment_synchronizes_exactly_at_its_scheduled_steps():
-    """Fragment f of F starts at the steps s > warmup with (s - warmup - f * period // F) % period == 0: with
+    """Fragment f of F starts at the steps s >= warmup with (s - warmup - f * period // F) % period == 0: with
     period 8 and 4 fragments one fragment every 2 steps, in turn, and every fragment once per period."""
-    starts = {s: outer.fragment_starts(s, 3, 8, 4) for s in range(0, 36)}
-    assert all(not starts[s] for s in range(0, 4))
-    assert [f for s in range(4, 36) for f in starts[s]] == [1, 2, 3, 0] * 4
-    assert [s for s in range(4, 36) if starts[s]] == list(range(5, 36, 2))
+    starts = {s: outer.fragment_starts(s, 3, 8, 4) for s in range(0, 35)}
+    assert all(not starts[s] for s in range(0, 3))
+    assert [f for s in range(3, 35) for f in starts[s]] == [0, 1, 2, 3] * 4
+    assert [s for s in range(3, 35) if starts[s]] == list(range(3, 35, 2))
     assert outer.fragment_starts(7, 3, 4, 1) == [0] and outer.fragment_starts(8, 3, 4, 1) == []
+    assert outer.fragment_starts(3, 3, 4, 1) == [0] and outer.fragment_starts(2, 3, 4, 1) == []
 
 
 @pytest.mark.parametrize("codec", [c for c in outer.OUTER_CODECS if c != "none"])

@@ -12,12 +12,13 @@ nesterov=nesterov)`` on a copy of the global parameters ``theta_g``::
     theta_r <- mix theta_r + (1 - mix) theta_g   (every rank)
 
 With ``outer_lr 1, outer_momentum 0`` this is parameter averaging every ``period`` steps (torch's
-``PeriodicModelAverager``, which ``local_sgd`` runs): ``theta_g - delta = mean_r theta_r``. The first
-synchronization (at step ``warmup_steps``, where torch's averager first averages) averages the parameters
-and starts ``theta_g`` from them.
+``PeriodicModelAverager``, which ``local_sgd`` runs): ``theta_g - delta = mean_r theta_r``. ``theta_g`` starts
+from the parameters at the end of the last bsp warm-up step (equal on every rank), and the first outer step
+comes at step ``warmup_steps`` (0-based), where torch's averager first averages; without a warm-up the
+parameters are averaged after the first step and ``theta_g`` starts there.
 
 **Streaming** (``fragments`` F > 1): parameter ``i`` (in the optimizer's order) belongs to fragment
-``i mod F``; fragment ``f`` synchronizes at the steps ``s > warmup_steps`` with
+``i mod F``; fragment ``f`` synchronizes at the steps ``s >= warmup_steps`` with
 ``(s - warmup_steps - f * period // F) mod period == 0``, so each step moves at most one fragment's
 bytes, not the whole model every ``period`` steps. ``delay`` (tau) inner steps overlap a fragment's
 all-reduce: started at step s, it is waited for and applied (outer step, then the mix) after step

@@ -123,9 +123,9 @@ def decode(codec: str, parts: list, numel: int):
 
 
 def fragment_starts(step: int, warmup_steps: int, period: int, fragments: int) -> list[int]:
-    """The fragments whose synchronization starts after ``step`` (0-based; none up to the first averaging at
-    ``warmup_steps``): fragment f when ``(step - warmup_steps - f * period // fragments) % period == 0``."""
-    if step <= warmup_steps:
+    """The fragments whose synchronization starts after ``step`` (0-based; none during the warm-up): fragment f
+    when ``step >= warmup_steps`` and ``(step - warmup_steps - f * period // fragments) % period == 0``."""
+    if step < warmup_steps:
         return []
     return [f for f in range(fragments) if (step - warmup_steps - f * period // fragments) % period == 0]
 
@@ -200,10 +200,13 @@ def averager_class():
                     else:
                         p.copy_(g)
 
-        def _begin(self, params: list) -> None:
-            """The first averaging: every rank's parameters become their mean, and the global copy starts there."""
-            utils.average_parameters_or_parameter_groups(params, self.process_group)
-            self.bytes_sent += sum(p.numel() * p.element_size() for p in params)
+        def _begin(self, params: list, average: bool) -> None:
+            """The global copy starts from the ranks' parameters: equal at the end of the last bsp warm-up step;
+            without a warm-up (``average``) they are averaged first, after the first step, as torch's averager
+            does at its step ``warmup_steps``."""
+            if average:
+                utils.average_parameters_or_parameter_groups(params, self.process_group)
+                self.bytes_sent += sum(p.numel() * p.element_size() for p in params)
             self.global_params = [p.detach().clone().float() for p in params]
             self.members = [list(range(f, len(params), self.fragments)) for f in range(self.fragments)]
             s = self.sync
@@ -214,9 +217,11 @@ def averager_class():
         def average_parameters(self, params) -> None:
             plist = list(utils.get_params_to_average(params))
             step = self.step
-            if step == self.warmup_steps:
-                self._begin(plist)
-            elif step > self.warmup_steps:
+            if step == self.warmup_steps - 1:
+                self._begin(plist, average=False)
+            elif step == 0 == self.warmup_steps:
+                self._begin(plist, average=True)
+            elif step >= self.warmup_steps:
                 for f, (due, work, payload) in sorted(self.pending.items()):
                     if due == step:
                         self._finish(plist, f, work, payload)
