@@ -169,13 +169,15 @@ def test_a_half_speed_host_sets_the_bsp_step_time():
             emu.limits.lift(True)
             even.append(measure(pool, spec, timeout=180)[0])
     assert all(r.ok for r in uneven + even), [r.reason for r in uneven + even]
-    # another busy process takes share from the unlimited host more than from the limited one: beside a test run
-    # the half-speed host read 0.73, beside a CPU hog 0.68 and 0.82 (this bound does not hold there); a limit that
-    # did nothing reads ~1.0
-    assert speeds[0].measured_speed > 0.8 and 0.35 < speeds[1].measured_speed < 0.8, speeds
-    # compute is most of a step at 10 gbit, so half speed on one host should near double it; unlimited reads ~1.0
+    # cpu:0.5 is half of a core, not half of what the host would get: another busy process takes share from the
+    # unlimited reference, not from the limit, so the ratio rises under load (alone ~0.5; beside a test run 0.73,
+    # beside a CPU hog 0.68 and 0.82: two ranks and the hog on two cores give the reference ~2/3 of a core). A
+    # limit that did nothing reads ~1.0: the bounds sit between.
+    assert speeds[0].measured_speed > 0.8 and 0.35 < speeds[1].measured_speed < 0.9, speeds
+    # compute is most of a step at 10 gbit, so half speed on one host near doubles it alone (1.6-2.1x), ~1.3-1.5x
+    # beside a CPU hog (0.5 of a core against ~2/3); unlimited reads ~1.0
     slow, fast = (statistics.median(r.step_s for r in rs) for rs in (uneven, even))
-    assert slow > 1.4 * fast, ([r.step_s for r in uneven], [r.step_s for r in even])
+    assert slow > 1.2 * fast, ([r.step_s for r in uneven], [r.step_s for r in even])
 
 
 def test_timed_asp_on_a_half_speed_host_is_not_held_in_lockstep():
