@@ -12,7 +12,8 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
     """Measure the efficiency of the lossy strategies the dataset's trials hold, ``per_group`` keys per
     (workload, batch, world, hosts) group, in a seeded order (the same command continues the same list:
     what is stored is skipped). ``again``: instead, measure again every stored loopback row an older protocol
-    measured differently (:func:`reusable`: censored at the horizon), each with its stored strategy, whatever
+    measured differently (:func:`reusable`: censored at the horizon, or a band protocol 4 narrows with more seed
+    pairs), each with its stored strategy, whatever
     the seeded lists hold now (``per_group`` and ``seed`` do not apply). Returns counts of ok / failed / already
     stored."""
     import random
