@@ -121,6 +121,23 @@ class Journal:
         self.path.unlink(missing_ok=True)
 
 
+def check_inputs(ap, args) -> Path:
+    """Before any long work: every ``--clusters`` spec parses and ``--data`` is a dataset folder (else one line
+    and exit status 2, by ``ap.error``); returns ``--work``, created."""
+    from autosync.cluster import Cluster, ClusterSpecError
+
+    for spec in args.clusters or []:
+        try:
+            Cluster.parse(spec)
+        except ClusterSpecError as e:
+            ap.error(f"--clusters: {e}")
+    if not (Path(args.data) / "profiles").is_dir():
+        ap.error(f"--data {args.data}: not a dataset folder (no profiles/)")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
 def load_rows(work: Path) -> dict[tuple[str, str], dict]:
     """The contexts a resumable benchmark finished in ``work`` (rows.jsonl): (workload, cluster) -> its last row."""
     path = Path(work) / "rows.jsonl"

@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 from autosync import workloads as W
-from autosync.cluster import Cluster, ClusterSpecError
 from autosync.context import Context
 from autosync.datasets import SHIPPED_DATA
 from autosync.datasets.store import DatasetStore, safe_name
@@ -46,7 +45,7 @@ from autosync.executor.launch import TrialFailure
 from autosync.search.baselines import baselines
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.strategy import Strategy
-from _results import RESULTS, Journal, load_rows, run_contexts, speedup_bars, write as write_result
+from _results import RESULTS, check_inputs, Journal, load_rows, run_contexts, speedup_bars, write as write_result
 
 WORKLOADS = ["gpt2-tiny", "llama-tiny", "t5-tiny", "lstm-lm", "resnet-tiny"]
 CLUSTERS = ["2x1@100mbit", "3x1@200mbit", "4x1@100mbit"]
@@ -145,11 +144,6 @@ def _tune(pool, profile, wl, args, data, work, ctx, say):
     return {"strategy": result.strategy.canonical(), "source": result.source, "search_s": time.monotonic() - t0}
 
 
-def _median(vals):
-    vals = [v for v in vals if v is not None]
-    return statistics.median(vals) if vals else None
-
-
 def summary(arm: dict) -> tuple[float | None, float | None, int]:
     """(median time to L* over the seeds or None if any seed never reached it, spread, seeds)."""
     times = [r.get("time_s") for r in arm["runs"].values()]
@@ -226,15 +220,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "diloco.md"))
     ap.add_argument("--table-only", action="store_true", help="measure nothing: the table of the finished contexts")
     args = ap.parse_args()
-    for spec in args.clusters:
-        try:
-            Cluster.parse(spec)
-        except ClusterSpecError as e:
-            ap.error(f"--clusters: {e}")
-    if not (Path(args.data) / "profiles").is_dir():
-        ap.error(f"--data {args.data}: not a dataset folder (no profiles/)")
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+    work = check_inputs(ap, args)
     if args.table_only:
         finished = load_rows(work)
         rows = [finished[(w, c)] for c in args.clusters for w in args.workloads if (w, c) in finished]

@@ -53,7 +53,7 @@ from pathlib import Path
 import optuna
 
 from autosync import workloads as W
-from autosync.cluster import Cluster, ClusterSpecError
+from autosync.cluster import Cluster
 from autosync.context import Context
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 from campaign import model_bytes, too_slow  # noqa: E402
@@ -76,7 +76,7 @@ from autosync.search.decide import confirm, settle_efficiency
 from autosync.search.result import Measured
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
-from _results import RESULTS, Journal, _now, commit, load_rows, run_contexts, speedup_bars, write as write_result
+from _results import RESULTS, check_inputs, Journal, _now, commit, load_rows, run_contexts, speedup_bars, write as write_result
 from time_to_loss import fmt_time, time_to_target
 
 ARMS = ("DDP default", "best baseline", "Optuna alone", "tune m0", "tune m8")
@@ -429,15 +429,7 @@ def main() -> None:
                     help="measure nothing: write the table and plot of the contexts of --workloads x --clusters "
                          "finished in --work")
     args = ap.parse_args()
-    for spec in args.clusters or []:
-        try:
-            Cluster.parse(spec)
-        except ClusterSpecError as e:
-            ap.error(f"--clusters: {e}")
-    if not (Path(args.data) / "profiles").is_dir():
-        ap.error(f"--data {args.data}: not a dataset folder (no profiles/)")
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+    work = check_inputs(ap, args)
     if args.table_only:
         finished = load_rows(work)
         if args.clusters is None:     # the four, then any other a context was measured on (in the order measured)

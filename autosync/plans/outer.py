@@ -142,8 +142,6 @@ def averager_class():
         sync (its ``period``, ``warmup_steps``, ``fragments``, ``delay``, ``mix``, ``outer_lr``, ``outer_momentum``,
         ``nesterov``, ``outer_compressor``; a mode without one of them reads its "unused" value, which is plain
         averaging).
-
-        ``outer_steps`` counts outer steps per fragment; ``bytes_sent`` the bytes this rank sent for them.
         """
 
         def __init__(self, sync, process_group=None):
@@ -155,8 +153,6 @@ def averager_class():
             self.outer: list = []              # one torch SGD per fragment over that fragment's global copy
             self.members: list[list[int]] = []
             self.pending: dict[int, tuple] = {}   # fragment -> (step to apply at, work handle, buffers)
-            self.outer_steps = [0] * max(1, self.fragments)
-            self.bytes_sent = 0.0
 
         # --- schedule -------------------------------------------------------------------------------------
         # --- the outer loop -------------------------------------------------------------------------------
@@ -166,12 +162,10 @@ def averager_class():
             codec = codec_of(self.sync)
             if codec == "none":
                 work = dist.all_reduce(delta, group=self.process_group, async_op=True)
-                self.bytes_sent += delta.numel() * 4
                 return work, ("none", delta, delta.numel())
             parts = encode(codec, delta)
             gathered = [[torch.empty_like(p) for _ in range(self.world)] for p in parts]
             works = [dist.all_gather(g, p, group=self.process_group, async_op=True) for g, p in zip(gathered, parts)]
-            self.bytes_sent += sum(p.numel() * p.element_size() for p in parts)
             return works, (codec, gathered, delta.numel())
 
         def _finish(self, params: list, fragment: int, work, payload) -> None:
@@ -190,7 +184,6 @@ def averager_class():
                 g.grad = mean[offset:offset + n].view_as(g).to(g.dtype)
                 offset += n
             self.outer[fragment].step()
-            self.outer_steps[fragment] += 1
             mix = self.sync.mix
             with torch.no_grad():
                 for i in idx:
@@ -206,7 +199,6 @@ def averager_class():
             does at its step ``warmup_steps``."""
             if average:
                 utils.average_parameters_or_parameter_groups(params, self.process_group)
-                self.bytes_sent += sum(p.numel() * p.element_size() for p in params)
             self.global_params = [p.detach().clone().float() for p in params]
             self.members = [list(range(f, len(params), self.fragments)) for f in range(self.fragments)]
             s = self.sync
