@@ -11,7 +11,7 @@ import pytest
 from autosync.cluster import parse_cluster
 from autosync.efficiency import CurveSpec
 from autosync.efficiency.train import measure_curve
-from autosync.executor.emulate import (EmulatedCluster, can_emulate, cgroup_root, has_netem, list_cgroups,
+from autosync.executor.emulate import (EmulatedCluster, can_emulate, cgroup_root, list_cgroups,
                                        list_namespaces, sweep)
 from autosync.executor.linkcheck import check_compute, check_links, check_paths
 from autosync.executor.measure import TrialSpec, measure
@@ -55,17 +55,18 @@ def test_point_to_point_bandwidth_is_within_15_percent(spec):
     assert _veths_in_root() == []
 
 
-@pytest.mark.skipif(not has_netem(), reason="this kernel has no netem qdisc: latency cannot be emulated")
 @pytest.mark.parametrize("latency_ms", [1, 10])
-def test_latency_is_within_20_percent_of_configured_plus_base(latency_ms):
+def test_latency_is_within_10_percent_of_configured_plus_the_base(latency_ms):
+    """The base is the same path with its delay (the delay line's, or netem's) set to 0 ms: what carrying the frames
+    costs by itself. The ping-pong's best round trip: on these 2 cores a median is at the mercy of wake-ups."""
     base_cluster = parse_cluster("2x1@1gbit")
-    with EmulatedCluster(base_cluster) as emu, emu.pool(threads_per_rank=1) as pool:
-        base = min(r.measured_latency_s for r in check_links(pool, base_cluster))
+    with EmulatedCluster(base_cluster, delay_lines=True) as emu, emu.pool(threads_per_rank=1) as pool:
+        base = min(r.measured_latency_s for r in check_links(pool, base_cluster, pings=41))
     cluster = parse_cluster(f"2x1@1gbit,{latency_ms}ms")
     with EmulatedCluster(cluster) as emu, emu.pool(threads_per_rank=1) as pool:
-        rows = check_links(pool, cluster)
+        rows = check_links(pool, cluster, pings=41)
     for r in rows:
-        assert abs(r.measured_latency_s - (latency_ms * 1e-3 + base)) <= 0.2 * (latency_ms * 1e-3 + base), r
+        assert abs(r.measured_latency_s - base - latency_ms * 1e-3) <= 0.1 * latency_ms * 1e-3, (r, base)
 
 
 def _trial(spec, strategy, workload="mlp", batch=32, steps=3, warmup=1):

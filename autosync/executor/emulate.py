@@ -1,4 +1,4 @@
-"""Emulated multi-host cluster on one machine: network namespaces, veth pairs and tc.
+"""Emulated multi-host cluster on one machine: network namespaces, veth pairs (or TAP pairs) and tc.
 
 Topology for a Cluster of N hosts::
 
@@ -6,11 +6,14 @@ Topology for a Cluster of N hosts::
 
 Host i has address 198.18.0.(i+1)/24 (RFC 2544 benchmark range) on its ``veth0``. Each
 host link is shaped in both directions (host egress on ``veth0``, switch egress on
-``p<i>``) by netem (delay = half the host-to-host latency, jitter, loss) with a tbf child
-(rate); on kernels without netem, by tbf alone, with loss as a random-drop BPF filter.
-Ranks of a host run inside its namespace with gloo bound to ``veth0``; ranks of one host
-reach each other through the kernel's local route, unshaped, like shared memory
-on a real host. The rendezvous store lives on host 0.
+``p<i>``): rate by tbf, loss by a random-drop BPF filter in front of it, and latency and jitter
+(each direction half of the host-to-host latency) by a userspace delay line
+(:mod:`autosync.executor.delayline`): a link with a latency is a pair of TAP devices named like the
+veths, with a process between them that holds each frame for its delay. On kernels with netem,
+netem delays instead (and drops, with the tbf as its child). Ranks of a host run inside its
+namespace with gloo bound to ``veth0``; ranks of one host reach each other through the kernel's
+local route, unshaped, like shared memory on a real host. The rendezvous store lives on host 0.
+TCP's buffers in each namespace are sized for the longest path (:func:`socket_buffer_bytes`).
 
 Compute: a host at speed ``s`` (``;nodeK=cpu:s``) runs each of its ranks under a CPU limit of
 ``s x cores / ranks`` cores, its fair share of this machine scaled by ``s`` (CFS bandwidth
@@ -19,9 +22,10 @@ per rank, which the rank joins before it starts torch. Intermittent stragglers
 (``;stragglers=Xx@P%``) are a thread of this process that, every slice, draws whether one random
 rank computes X times slower for the slice (its quota divided by X) and restores it after.
 
-Every namespace and cgroup is named ``autosync-<pid>-<token>-...``: the veths live and die with
+Every namespace and cgroup is named ``autosync-<pid>-<token>-...``: the devices live and die with
 the namespaces. ``down()`` (context exit, exception, Ctrl-C, SIGTERM, interpreter exit) deletes
-them; :func:`sweep` deletes what dead runs left (their pid is gone).
+them; if this process dies without it (SIGKILL), its delay lines, or a guardian process when no link
+has one, delete them; :func:`sweep` deletes what any dead run left (its pid is gone).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import os
 import random
 import re
 import secrets
+import select
 import signal
 import threading
 import time
@@ -52,7 +57,8 @@ HOST_IF = "veth0"
 # (<pid>-<hex>-sw|h<i>|r<i>) and probes (<pid>-0-probe...). The pid says whose it is: a sweep (and the tests'
 # leak checks) leave a live process's alone, probes included (a probe of a run beside this one once read as left).
 _NAME = re.compile(rf"^{PREFIX}(\d+)-")
-CFS_PERIOD_US = 10_000   # short periods: a limited rank is throttled in 10 ms slices, not 100 ms bursts
+CFS_PERIOD_US = 10_000
+KEEPER_START_S = 30.0    # a delay line that has not opened its devices by then is an error   # short periods: a limited rank is throttled in 10 ms slices, not 100 ms bursts
 
 
 
@@ -239,6 +245,21 @@ def has_netem() -> bool:
     return _netem_result
 
 
+def socket_buffer_bytes(cluster: Cluster) -> int:
+    """The most a TCP socket of an emulated host may buffer (``tcp_rmem`` / ``tcp_wmem`` max): 64 MB, or four
+    times the longest path's bandwidth-delay product (rate x round trip), whichever is more.
+
+    Linux lends half a socket's buffer to the application's data (``tcp_adv_win_scale`` 1), so a buffer of twice
+    the product is what one stream needs to keep a path full; four leaves room for the queue tbf adds. 64 MB covers
+    1 gbit at 250 ms one way."""
+    worst = 0.0
+    for a in range(cluster.nodes):
+        for b in range(a + 1, cluster.nodes):
+            rate, latency = cluster.path(a, b)
+            worst = max(worst, rate / 8 * 2 * (latency + cluster.link_of(a).jitter_s + cluster.link_of(b).jitter_s))
+    return int(max(64 << 20, 4 * worst))
+
+
 def _direction_loss(path_loss: float) -> float:
     """A packet crosses two shaped egresses: 1 - (1 - p)^2 = path_loss."""
     return 1 - math.sqrt(1 - path_loss) if path_loss else 0.0
@@ -262,14 +283,20 @@ def loss_commands(netns: str, dev: str, loss: float) -> list[list[str]]:
             tc + ["filter", "add", "dev", dev, "egress", "bpf", "da", "bytecode", program]]
 
 
-def shape_commands(netns: str, dev: str, link: Link, netem: bool = True) -> list[list[str]]:
+def shape_commands(netns: str, dev: str, link: Link, netem: bool = True, whole_segments: bool = False
+                   ) -> list[list[str]]:
     """tc commands shaping the egress of ``dev``: netem (delay/jitter/loss) with a tbf child (rate).
 
     Without netem (``netem=False``) the tbf is the root qdisc (rate without delay) and loss, if
     any, is a random-drop BPF filter in front of it (:func:`loss_commands`).
+
+    tbf's burst is 0.5 ms of traffic, at least 64 KB; with ``whole_segments`` (a delay line's TAP) at least 128 KB.
+    tbf cuts a packet larger than its burst into MTU-sized segments, and a delay line must get the kernel's 64 KB
+    GSO segments whole: cut, a single TCP stream at 1 gbit with 10 ms carried 0.72 of the rate (its segments
+    overflowed the devices' queues; 34,604 retransmits in 8 s), whole, 0.96 and none.
     """
     rate_bytes = link.rate_bps / 8
-    burst = max(64 * 1024, int(rate_bytes * 0.0005))        # 0.5 ms of traffic, at least one GSO packet
+    burst = max((128 if whole_segments else 64) * 1024, int(rate_bytes * 0.0005))
     limit = max(4 * 1024 * 1024, int(rate_bytes * 0.25))    # 250 ms of queue: TCP is not starved by drops
     tc = ["ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", dev]
     tbf = ["tbf", "rate", f"{int(link.rate_bps)}bit", "burst", str(burst), "limit", str(limit)]
@@ -290,8 +317,11 @@ class EmulatedCluster:
 
     network = "emulated"   # the Context label of what its ranks measure
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, delay_lines: bool = False):
         self.cluster = cluster
+        self.delay_lines = delay_lines          # every link through a delay line, even at 0 ms (its base latency)
+        self.delayed: set[int] = set()          # hosts whose link runs through a delay line
+        self.keepers: list = []                 # delay-line / guardian processes
         self.token = secrets.token_hex(3)
         self.base = f"{PREFIX}{os.getpid()}-{self.token}"
         self.switch = f"{self.base}-sw"
@@ -353,9 +383,8 @@ class EmulatedCluster:
             raise EmulationError(why)
         self.netem = has_netem()
         links = [self.cluster.link_of(i) for i in range(self.cluster.nodes)]
-        if not self.netem and any(l.latency_s or l.jitter_s for l in links):
-            raise EmulationError("this kernel has no netem qdisc: latency and jitter cannot be emulated here "
-                                 "(bandwidth and loss can; drop them from the cluster spec)")
+        self.delayed = {i for i, l in enumerate(links)
+                        if self.delay_lines or (not self.netem and (l.latency_s or l.jitter_s))}
         self.beyond = beyond(self.cluster)
         if self.beyond:
             self.network = "emulated-beyond"
@@ -382,30 +411,77 @@ class EmulatedCluster:
         _run("ip", "-n", self.switch, "link", "set", "lo", "up")
         _run("ip", "-n", self.switch, "link", "add", "name", "br0", "type", "bridge")
         _run("ip", "-n", self.switch, "link", "set", "br0", "up")
-        for i, ns in enumerate(self.hosts):
-            port = f"p{i}"
+        for ns in self.hosts:
             _run("ip", "netns", "add", ns)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
-            _run("ip", "-n", self.switch, "link", "add", "name", port, "type", "veth", "peer", "name", HOST_IF,
-                 "netns", ns)
+        self._start_keepers()        # the delay lines make their links' devices; the others are veth pairs
+        buffers = socket_buffer_bytes(self.cluster)
+        for i, ns in enumerate(self.hosts):
+            port = f"p{i}"
+            if i not in self.delayed:
+                _run("ip", "-n", self.switch, "link", "add", "name", port, "type", "veth", "peer", "name", HOST_IF,
+                     "netns", ns)
             _run("ip", "-n", self.switch, "link", "set", port, "master", "br0")
             _run("ip", "-n", self.switch, "link", "set", port, "up")
             _run("ip", "-n", ns, "addr", "add", f"{self.host_ip(i)}/24", "dev", HOST_IF)
             _run("ip", "-n", ns, "link", "set", HOST_IF, "up")
-            for key, value in (("net.ipv4.tcp_rmem", "4096 131072 67108864"),
-                               ("net.ipv4.tcp_wmem", "4096 131072 67108864")):
-                _run("ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"{key}={value}", check=False)
+            for key in ("net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"):
+                _run("ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"{key}=4096 131072 {buffers}", check=False)
             link = self.cluster.link_of(i)
-            for cmd in (shape_commands(ns, HOST_IF, link, self.netem)
-                        + shape_commands(self.switch, port, link, self.netem)):
-                _run(*cmd)
-        log.info("emulated cluster %s up as %s", self.cluster, self.base)
+            delayed = i in self.delayed
+            for where, dev in ((ns, HOST_IF), (self.switch, port)):
+                for cmd in shape_commands(where, dev, link, self.netem and not delayed, whole_segments=delayed):
+                    _run(*cmd)
+        log.info("emulated cluster %s up as %s%s", self.cluster, self.base,
+                 f" (delay lines on hosts {sorted(self.delayed)})" if self.delayed else "")
+
+    def _start_keepers(self) -> None:
+        """One delay line per host link that needs one (:mod:`autosync.executor.delayline`), or one guardian when
+        none does: processes that delete this cluster if this process dies without :meth:`down`."""
+        import json
+        import subprocess
+        import sys
+
+        cleanup = {"namespaces": [*self.hosts, self.switch],
+                   "cgroups": [str(p) for p in self.limits.paths] if self.limits else []}
+        configs = []
+        for i in sorted(self.delayed):
+            link = self.cluster.link_of(i)
+            configs.append({**cleanup, "seed": i, "links": [{
+                "host_ns": self.hosts[i], "host_dev": HOST_IF, "switch_ns": self.switch, "switch_dev": f"p{i}",
+                "latency_s": link.latency_s, "jitter_s": link.jitter_s}]})
+        for config in configs or [cleanup]:
+            self.keepers.append(subprocess.Popen(
+                [sys.executable, "-m", "autosync.executor.delayline", json.dumps(config)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True))
+        for proc in self.keepers:
+            ready, _, _ = select.select([proc.stdout], [], [], KEEPER_START_S)
+            if not ready or proc.stdout.readline().strip() != b"ready":
+                raise EmulationError(f"a delay line of {self.cluster} did not start"
+                                     + (f" (exit status {proc.poll()})" if proc.poll() is not None else ""))
+
+    def _stop_keepers(self) -> None:
+        for proc in self.keepers:
+            try:
+                proc.stdin.write(b"down\n")
+                proc.stdin.close()
+            except OSError:
+                pass
+        for proc in self.keepers:
+            try:
+                proc.wait(timeout=5)
+            except Exception:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        self.keepers = []
 
     def down(self) -> None:
         """Delete every namespace of this cluster (their veths and qdiscs go with them)."""
         if not self.up_:
             return
         self.up_ = False
+        self._stop_keepers()
         for ns in [*self.hosts, self.switch]:
             _run("ip", "netns", "delete", ns, check=False)
         if self.limits is not None:

@@ -4,7 +4,8 @@ Two limits, both of this machine:
 
 - **Ranks**: at most ``RANKS_PER_CORE`` (2) ranks per core. Beyond, each rank gets less than half a
   core and gloo's threads starve: step times stop describing the cluster.
-- **Links**: the rate the emulated network can carry at all. A quick probe (two namespaces, one
+- **Links**: the rate the emulated network can carry at all (and, for a link with a latency, the rate its
+  delay line moves: a second probe, through a TAP pair and a delay line holding each frame 1 ms). A quick probe (two namespaces, one
   veth, no tc, the best of three 0.5 s TCP streams between two Python processes) measures it once per machine and
   caches it (``$AUTOSYNC_CACHE_DIR`` or ``~/.cache/autosync``, ``fidelity.json``, keyed by host
   name, cores and kernel); a link is faithful up to ``RATE_SHARE`` (0.6) of it, where the emulator's
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 RANKS_PER_CORE = 2
 RATE_SHARE = 0.6
 PROBE_SECONDS = 0.5
+DELAY_PROBE_S = 0.001  # the one-way delay of the delay line's rate probe
 PROBES = 3            # the best of three short streams: a busy moment must not shrink the range for good
 
 _SERVER = """
@@ -69,14 +71,26 @@ def machine_key() -> str:
     return f"{platform.node()}|{os.cpu_count()}cores|{platform.release()}"
 
 
-def probe_rate(seconds: float = PROBE_SECONDS) -> float:
-    """Bit/s one TCP stream carries between two network namespaces over an unshaped veth."""
+def probe_rate(seconds: float = PROBE_SECONDS, delay_s: float | None = None) -> float:
+    """Bit/s one TCP stream carries between two network namespaces over an unshaped veth; with ``delay_s``, over a
+    TAP pair through a delay line (:mod:`autosync.executor.delayline`) holding each frame ``delay_s``."""
+    import json
+
     base = f"{PREFIX}{os.getpid()}-0-probe"
     a, b = f"{base}a", f"{base}b"
+    line = None
     try:
         _run("ip", "netns", "add", a)
         _run("ip", "netns", "add", b)
-        _run("ip", "-n", a, "link", "add", "name", "pa", "type", "veth", "peer", "name", "pb", "netns", b)
+        if delay_s is None:
+            _run("ip", "-n", a, "link", "add", "name", "pa", "type", "veth", "peer", "name", "pb", "netns", b)
+        else:
+            config = {"links": [{"host_ns": a, "host_dev": "pa", "switch_ns": b, "switch_dev": "pb",
+                                 "latency_s": 2 * delay_s}], "namespaces": [a, b]}
+            line = subprocess.Popen([sys.executable, "-m", "autosync.executor.delayline", json.dumps(config)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            if line.stdout.readline().strip() != "ready":
+                raise EmulationError("the delay line of the link-rate probe did not start")
         for ns, dev, addr in ((a, "pa", "198.19.0.1/24"), (b, "pb", "198.19.0.2/24")):
             _run("ip", "-n", ns, "addr", "add", addr, "dev", dev)
             _run("ip", "-n", ns, "link", "set", dev, "up")
@@ -92,14 +106,18 @@ def probe_rate(seconds: float = PROBE_SECONDS) -> float:
         finally:
             server.kill()
     finally:
+        if line is not None:
+            line.communicate("down\n", timeout=10)
         for ns in (a, b):
             _run("ip", "netns", "delete", ns, check=False)
 
 
 def faithful_range(probe: bool = True) -> dict:
-    """``{"max_ranks", "carried_bps", "max_rate_bps"}`` of this machine: from the cache, else probed (and cached).
+    """``{"max_ranks", "carried_bps", "max_rate_bps", "delayed_carried_bps", "max_delayed_rate_bps"}`` of this
+    machine: from the cache, else probed (and cached). ``delayed_*`` are the same for a link with a latency, whose
+    frames a delay line moves (:data:`DELAY_PROBE_S` each way).
 
-    With ``probe=False`` and nothing cached, the rate limit is unknown (``None``)."""
+    With ``probe=False`` and nothing cached, the rate limits are unknown (``None``)."""
     path = cache_path()
     key = machine_key()
     try:
@@ -107,10 +125,13 @@ def faithful_range(probe: bool = True) -> dict:
     except (OSError, ValueError):
         cached = None
     cores = os.cpu_count() or 1
-    if cached is None and probe:
+    if probe and (cached is None or "delayed_carried_bps" not in cached):
         log.info("measuring the link rate this machine can emulate (once; cached in %s)", path)
-        carried = max(probe_rate() for _ in range(PROBES))
-        cached = {"carried_bps": carried, "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        cached = dict(cached or {})
+        if "carried_bps" not in cached:
+            cached["carried_bps"] = max(probe_rate() for _ in range(PROBES))
+        cached["delayed_carried_bps"] = max(probe_rate(delay_s=DELAY_PROBE_S) for _ in range(PROBES))
+        cached["measured"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             known = json.loads(path.read_text()) if path.exists() else {}
@@ -120,9 +141,11 @@ def faithful_range(probe: bool = True) -> dict:
             os.replace(tmp, path)
         except (OSError, ValueError) as e:
             log.warning("could not cache the emulation range in %s: %s", path, e)
-    carried = cached["carried_bps"] if cached else None
+    cached = cached or {}
+    carried, delayed = cached.get("carried_bps"), cached.get("delayed_carried_bps")
     return {"max_ranks": RANKS_PER_CORE * cores, "carried_bps": carried,
-            "max_rate_bps": carried * RATE_SHARE if carried else None}
+            "max_rate_bps": carried * RATE_SHARE if carried else None, "delayed_carried_bps": delayed,
+            "max_delayed_rate_bps": delayed * RATE_SHARE if delayed else None}
 
 
 def beyond(cluster: Cluster, limits: dict | None = None) -> list[str]:
@@ -133,8 +156,14 @@ def beyond(cluster: Cluster, limits: dict | None = None) -> list[str]:
     if cluster.world_size > limits["max_ranks"]:
         out.append(f"{cluster.world_size} ranks on {cores} cores (faithful up to {limits['max_ranks']}: "
                    f"{RANKS_PER_CORE} per core)")
-    rate = max(cluster.link_of(k).rate_bps for k in range(cluster.nodes))
+    links = [cluster.link_of(k) for k in range(cluster.nodes)]
+    rate = max(link.rate_bps for link in links)
+    delayed = [link.rate_bps for link in links if link.latency_s or link.jitter_s]
     if limits["max_rate_bps"] and rate > limits["max_rate_bps"]:
         out.append(f"{rate / 1e9:g} Gbit/s links (this machine carries {limits['carried_bps'] / 1e9:.1f} Gbit/s "
                    f"between namespaces; faithful up to {limits['max_rate_bps'] / 1e9:.1f})")
+    elif delayed and limits.get("max_delayed_rate_bps") and max(delayed) > limits["max_delayed_rate_bps"]:
+        out.append(f"{max(delayed) / 1e9:g} Gbit/s links with a latency (its delay line carries "
+                   f"{limits['delayed_carried_bps'] / 1e9:.1f} Gbit/s here; faithful up to "
+                   f"{limits['max_delayed_rate_bps'] / 1e9:.1f})")
     return out

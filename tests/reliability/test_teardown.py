@@ -12,7 +12,7 @@ import time
 import pytest
 
 from autosync.executor.emulate import PREFIX, can_emulate, list_cgroups, list_namespaces
-from conftest import pids_alive, rank_pids
+from conftest import pids_alive, processes_under, rank_pids
 
 pytestmark = [pytest.mark.skipif(not can_emulate()[0], reason=f"cannot emulate here: {can_emulate()[1]}"),
               pytest.mark.usefixtures("no_leftover_ranks")]
@@ -100,3 +100,38 @@ def test_a_killed_rank_fails_the_trial_and_leaves_nothing(sync, tmp_path):
     assert '"status": "failed"' in out and "SIGKILL" in out
     assert not pids_alive(ranks)
     assert made_by(proc) == set()
+
+
+def _ours():
+    return set(list_namespaces()) | {f"cgroup {p.name}" for p in list_cgroups()}
+
+
+KILLED_RUN = """
+import sys, time
+from autosync.cluster import parse_cluster
+from autosync.executor.emulate import EmulatedCluster
+from autosync.executor.linkcheck import check_links
+cluster = parse_cluster(sys.argv[1])
+with EmulatedCluster(cluster) as emu, emu.pool(threads_per_rank=1) as pool:
+    pool.start()
+    print(emu.base, flush=True)
+    check_links(pool, cluster, seconds=60)       # a transfer far longer than the test waits
+"""
+
+
+@pytest.mark.parametrize("spec", ["2x1@100mbit,20ms;node1=cpu:0.5", "2x1@100mbit"])
+def test_a_run_killed_mid_transfer_leaves_nothing_behind(spec, tmp_path):
+    """SIGKILL gives the run no chance to clean up: its delay lines (or, without latency, its guardian) see their
+    input pipe end and delete its namespaces (TAPs and veths go with them) and cgroups; its ranks die with it."""
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN, spec], stdout=subprocess.PIPE, text=True,
+                            cwd=tmp_path, stderr=subprocess.DEVNULL)
+    base = proc.stdout.readline().strip()
+    assert base.startswith("autosync-"), base
+    time.sleep(2)                                    # mid-transfer
+    assert any(n.startswith(base) for n in _ours())
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and ([n for n in _ours() if base in n] or processes_under(tmp_path)):
+        time.sleep(0.2)
+    assert [n for n in _ours() if base in n] == [] and processes_under(tmp_path) == []
