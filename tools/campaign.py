@@ -1,6 +1,6 @@
 """Dataset v2's collection campaign: which contexts, in which order, how many trials. It resumes.
 
-    python tools/campaign.py [--data DIR] [--stop-after MINUTES] [--passes 1 2 3] [--dry-run | --status]
+    python tools/campaign.py [--data DIR] [--latency] [--stop-after MINUTES] [--passes 1 2 3] [--dry-run | --status]
 
 Contexts: every built-in workload (:data:`autosync.workloads.BUILTINS`) on every cluster of
 :data:`CLUSTERS`, less those already in the shipped dataset (v1) and those :func:`too_slow` for this
@@ -35,6 +35,12 @@ CLUSTERS = [
     "3x1@200mbit", "3x1@1gbit;node2=100mbit", "2x1@1gbit;node1=cpu:0.5", "4x1@1gbit;stragglers=3x@20%",
     "2x1@500mbit,0ms,loss=1%", "2x2@100mbit", "3x1@10gbit",
 ]
+# The latency subset (``--latency``): wide-area pairs and a 4-host slow link, each the same rates as a cluster above
+# with a one-way latency, on four workloads (two vision, two language models). It is emulated by the delay line
+# (autosync.executor.delayline) and collected into its own folder (LATENCY_DATA), then merged.
+LATENCY_CLUSTERS = ["2x1@1gbit,10ms", "2x1@100mbit,50ms", "4x1@500mbit,25ms"]
+LATENCY_WORKLOADS = ["resnet-tiny", "convnext-tiny", "lstm-lm", "t5-tiny"]
+LATENCY_DATA = V2_DATA.parent / "latency"
 PASSES = (4, 10, 20)
 MAX_DEFAULT_COMM_S = 6.0
 
@@ -63,27 +69,29 @@ def model_bytes() -> dict[str, int]:
     return out
 
 
-def plan(shipped_ids: set[str]) -> tuple[list[tuple[str, list[str]]], list[str]]:
+def plan(shipped_ids: set[str], clusters: list[str] | None = None, names: list[str] | None = None
+         ) -> tuple[list[tuple[str, list[str]]], list[str]]:
     """(cluster, workloads) in campaign order, and the contexts left out with why. ``shipped_ids``: the contexts
-    another campaign measured (v1's), which this one leaves alone."""
+    another campaign measured (v1's), which this one leaves alone. ``clusters`` and ``names``: other clusters and
+    workloads than the campaign's (the latency subset's)."""
     from autosync import workloads
     from autosync.context import Context
 
     sizes = model_bytes()
     order, skipped = [], []
-    for spec in CLUSTERS[7:] + CLUSTERS[:7]:      # the new clusters first
+    for spec in clusters or CLUSTERS[7:] + CLUSTERS[:7]:      # the new clusters first
         cluster = Cluster.parse(spec)
-        names = []
-        for name in workloads.BUILTINS:
+        names_here = []
+        for name in names or workloads.BUILTINS:
             if Context.of(name, workloads.default_batch_size(name), cluster).id in shipped_ids:
                 continue
             if too_slow(sizes[name], cluster):
                 skipped.append(f"{name} on {spec}: the default's all-reduce alone needs "
                                f"{default_comm_s(sizes[name], cluster):.0f} s per step")
                 continue
-            names.append(name)
-        if names:
-            order.append((spec, names))
+            names_here.append(name)
+        if names_here:
+            order.append((spec, names_here))
     return order, skipped
 
 
@@ -138,7 +146,10 @@ def status(store, log: Path, planned: int) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python tools/campaign.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(V2_DATA), help="dataset folder (default: autosync/datasets/v2)")
+    ap.add_argument("--data", default=None,
+                    help="dataset folder (default: autosync/datasets/v2; with --latency, autosync/datasets/latency)")
+    ap.add_argument("--latency", action="store_true",
+                    help=f"the latency subset: {', '.join(LATENCY_WORKLOADS)} on {', '.join(LATENCY_CLUSTERS)}")
     ap.add_argument("--passes", type=int, nargs="+", default=list(range(1, len(PASSES) + 1)),
                     choices=range(1, len(PASSES) + 1), metavar="N",
                     help=f"which passes to run (random strategies per context: {PASSES})")
@@ -148,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--status", action="store_true",
                     help="print what the dataset holds so far (for the datasheet), measure nothing")
     args = ap.parse_args(argv)
+    args.data = args.data or str(LATENCY_DATA if args.latency else V2_DATA)
     from autosync import api
     from autosync.datasets.store import DatasetStore
     from autosync.executor.emulate import open_ranks
@@ -159,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     own = Path(args.data)
     if (own / "profiles").is_dir():
         shipped -= set(DatasetStore(own, create=False).read(efficiency=False)["context_id"])
-    order, skipped = plan(shipped)
+    order, skipped = plan(shipped, *((LATENCY_CLUSTERS, LATENCY_WORKLOADS) if args.latency else ()))
     n = sum(len(w) for _, w in order)
     print(f"campaign: {n} contexts on {len(order)} clusters; {len(skipped)} left out:", *skipped, sep="\n  ")
     if args.dry_run:
