@@ -13,8 +13,13 @@ from autosync.strategy import Strategy, StrategyError, load_strategy, loads_stra
 
 
 def __getattr__(name):
-    """``apply``, ``register`` and ``release`` import torch: loaded on first use, so the CLI answers --help at once."""
-    if name in ("apply", "ddp_kwargs", "register", "release"):
+    """``apply``, ``register`` and ``release`` import torch: loaded on first use, so the CLI answers --help at once.
+    ``apply`` is :func:`autosync.api.apply` (a strategy, a strategy file, or ``"auto"``)."""
+    if name == "apply":
+        from autosync import api
+
+        return api.apply
+    if name in ("ddp_kwargs", "register", "release"):
         from autosync.executor import apply as _apply
 
         return getattr(_apply, name)

@@ -459,6 +459,97 @@ def in_job(fn, timeout: float = 300.0, backend: str | None = None):
         pool.close()      # releases the others (rank 0) and takes the job's groups down on every rank
 
 
+def apply(model, optimizer, strategy, process_group=None, ranks_per_host: int | None = None, **options):
+    """``autosync.apply``: train ``model`` by ``strategy`` (a Strategy, a strategy file, or ``"auto"``); returns
+    ``(model, optimizer)`` to train with.
+
+    A strategy or file: :func:`autosync.executor.apply.apply`. ``"auto"``: :func:`auto` (``options`` are its
+    keywords)."""
+    if isinstance(strategy, str) and strategy == "auto":
+        return auto(model, optimizer, process_group=process_group, ranks_per_host=ranks_per_host, **options)
+    from autosync.executor.apply import apply as _apply
+
+    return _apply(model, optimizer, strategy, process_group, ranks_per_host, **options)
+
+
+def auto(model, optimizer, out: str | Path | None = "autosync-strategy.yaml", cluster: str | Cluster | None = None,
+         network: str = "real", window: int = 8, settle: int = 3, candidates: int = 4, process_group=None,
+         ranks_per_host: int | None = None, report=print):
+    """``strategy="auto"``: tune while training. Returns ``(model, optimizer)`` that the training loop uses as it
+    would DDP's; the search runs in windows of its own steps (:mod:`autosync.search.online`).
+
+    The training starts on the DDP default; after one window rank 0 profiles the model from those steps and the
+    network from a few seconds of collectives, the cost model predicts ``candidates`` diverse lossless strategies
+    (as ``tune --measure 0`` would), each trains a window, and the fastest measured one (the default unless
+    something beat it) trains the rest. ``out``: the strategy file rank 0 writes at the commit (checked first;
+    None: none); it loads with :func:`autosync.load_strategy`. ``cluster``: the job's shape and links as a spec,
+    when known (an emulated cluster: pass ``network="emulated"``); by default the shape comes from the job
+    (``$LOCAL_WORLD_SIZE`` ranks per host) and the links from the measured network. ``report``: where rank 0's
+    progress lines go (None: only the log)."""
+    import torch.distributed as dist
+
+    from autosync.executor.apply import _ranks_per_host
+    from autosync.executor.switch import SwitchableModel, SwitchableOptimizer
+    from autosync.profiler.profile import environment
+    from autosync.search.online import OnlineTuner
+
+    if process_group is not None:
+        raise UserError('strategy="auto" runs on the default process group; leave process_group out')
+    if not dist.is_initialized():
+        raise UserError('strategy="auto" needs torch.distributed initialized (init_process_group) first')
+    world = dist.get_world_size()
+    rph = _ranks_per_host(ranks_per_host) or world
+    if out is not None and dist.get_rank() == 0:
+        check_output(out, "strategy file")
+    spec = _cluster(cluster) if cluster is not None else None
+    if spec is not None and spec.world_size != world:
+        raise UserError(f"cluster {spec} has {spec.world_size} ranks; this job has {world}")
+    device = str(next(model.parameters()).device)
+    name = type(model).__name__
+    sw_model = SwitchableModel(model, Strategy.default(), ranks_per_host=rph)
+    sw_opt = SwitchableOptimizer(optimizer)
+    env = environment(network if spec is not None else "real", dist.get_backend(), device)
+
+    def propose(profile):
+        return _predict(profile, candidates)
+
+    def commit(strategy, tuner):
+        if out is not None:
+            from autosync.present.text import online_file_text
+
+            _write(out, lambda p: Path(p).write_text(online_file_text(strategy, tuner)))
+
+    tuner = OnlineTuner(sw_model, sw_opt, propose, window=window, settle=settle, max_candidates=candidates,
+                        ranks_per_host=rph, cluster=spec or (lambda net: _job_cluster(net, world, rph)), env=env,
+                        name=name, on_commit=commit, report=report)
+    object.__setattr__(sw_model, "autosync_tuner", tuner)    # its windows and commit, for whoever wants to look
+    return sw_model, sw_opt
+
+
+def _job_cluster(network, world: int, rph: int) -> Cluster:
+    """The cluster a job's measured network describes: its shape, and the link of its first two hosts (one-way
+    point-to-point: bandwidth from the fit's slope, latency from its intercept), rounded to spec units."""
+    nodes = world // rph
+    if nodes < 2:
+        return Cluster.parse(f"1x{rph}@100gbit")
+    fit = network.fits.get("inter", network.fits["world"])["send_recv"]
+    mbit = max(1, round(min(fit.bandwidth_bps, 100e9) / 1e6))
+    us = round(fit.alpha_s * 1e6)
+    return Cluster.parse(f"{nodes}x{rph}@{mbit}mbit" + (f",{us}us" if us else ""))
+
+
+def _predict(profile, k: int) -> list:
+    """:func:`autosync.search.online.predict_candidates` with the shipped models (regressor, intervals)."""
+    from autosync.models import training, uncertainty
+    from autosync.search.online import predict_candidates
+
+    config = TuneConfig.build(measure=0, lossless=True)
+    shipped = DatasetStore(SHIPPED_DATA, create=False) if (SHIPPED_DATA / "profiles").is_dir() else None
+    base = training.build(shipped) if shipped else None
+    card = uncertainty.load_card() if base is not None else None
+    return predict_candidates(profile, load_model(), base, card, config, k)
+
+
 def sweep(everything: bool = False) -> list[str]:
     """Remove the namespaces and cgroups of autosync runs whose process is gone (``everything``: of live ones too)."""
     from autosync.executor.emulate import can_emulate

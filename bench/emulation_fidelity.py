@@ -144,7 +144,7 @@ def stream(spec: str, seconds: float) -> tuple[float, float]:
 def rate_table(rates, latencies, netem) -> list[str]:
     lines = ["## Rate: configured vs measured (median of the two host links)", "",
              "| cluster | delayed by | configured Mbit/s | measured Mbit/s | ratio | configured latency | "
-             "measured latency |", "|---|---|---:|---:|---:|---:|---:|"]
+             "measured latency | label |", "|---|---|---:|---:|---:|---:|---:|---|"]
     for rate in rates:
         for lat in latencies:
             spec = f"2x1@{rate}" + (f",{lat}" if lat not in ("0ms", "0us", "0") else "")
@@ -152,14 +152,16 @@ def rate_table(rates, latencies, netem) -> list[str]:
             how = "-" if not cluster.link.latency_s else "netem" if netem else "delay line"
             with EmulatedCluster(cluster) as emu, emu.pool(threads_per_rank=1) as pool:
                 rows = check_links(pool, cluster)
+                label = emu.network
             bw = statistics.median(r.measured_bps for r in rows)
             lat_m = statistics.median(r.measured_latency_s for r in rows)
             lines.append(f"| {spec} | {how} | {cluster.link.rate_bps / 1e6:,.0f} | {bw / 1e6:,.1f} | "
                          f"{bw / cluster.link.rate_bps:.3f} | {cluster.link.latency_s * 1e3:.3f} ms | "
-                         f"{lat_m * 1e3:.3f} ms |")
+                         f"{lat_m * 1e3:.3f} ms | {label} |")
             print(lines[-1], flush=True)
     return lines + ["", "Latency here is half the best round trip of a 4-byte gloo ping-pong; bandwidth a 0.5 s "
-                    "point-to-point transfer after a warm-up.", ""]
+                    "point-to-point transfer after a warm-up. Label: `emulated-beyond` where the cluster is beyond "
+                    "this machine's faithful range (autosync.executor.fidelity), as its trials are labelled.", ""]
 
 
 def latency_table(latencies_ms, count) -> tuple[list[str], float]:

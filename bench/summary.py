@@ -28,12 +28,13 @@ def header(name: str) -> dict[str, str]:
     return {k: m.group(1).strip("` ") for k, m in found.items()}
 
 
-def table(name: str, first_column: str) -> list[dict[str, str]]:
-    """The rows of the first Markdown table in ``name`` whose first header cell is ``first_column``."""
+def table(name: str, first_column: str, having: str | None = None) -> list[dict[str, str]]:
+    """The rows of the first Markdown table in ``name`` whose first header cell is ``first_column`` (and which has a
+    column ``having``, when given)."""
     lines = (RESULTS / name).read_text().splitlines()
     for i, line in enumerate(lines):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("|") and cells[0] == first_column:
+        if line.startswith("|") and cells[0] == first_column and (having is None or having in cells):
             rows = []
             for row in lines[i + 2:]:
                 if not row.startswith("|"):
@@ -58,8 +59,14 @@ def figures() -> list[tuple[str, str, str]]:
     coverage = pick(table("transfer.md", "method"), method="normalized conformal (fold spread) - shipped")
     hook = table("hook_overhead.md", "workload")
     ratios = [float(r[k]) for r in hook for k in ("hook/builtin", "worker/builtin")]
-    fidelity = [float(r["ratio"]) for r in table("emulation_fidelity.md", "cluster") if r["ratio"] != "n/a"
+    rates = table("emulation_fidelity.md", "cluster", "delayed by")
+    fidelity = [float(r["ratio"]) for r in rates if r["delayed by"] == "-"
                 and int(r["configured Mbit/s"].replace(",", "")) <= 10_000]
+    delayed = [float(r["ratio"]) for r in rates if r["delayed by"] != "-"
+               and int(r["configured Mbit/s"].replace(",", "")) <= 1_000]
+    latency = [float(r["measured - base"].split()[0]) / float(r["configured"].split()[0])
+               for r in table("emulation_fidelity.md", "cluster", "measured - base")]
+    streams = [float(r["ratio"]) for r in table("emulation_fidelity.md", "cluster", ">= 0.85")]
     sim = re.search(r"Median Spearman rho over (\d+) contexts: \*\*([0-9.]+)\*\*",
                     (RESULTS / "simulator_accuracy.md").read_text())
     data = re.search(r"^# Dataset statistics: (\d+) trials, (\d+) ok, (\d+) contexts",
@@ -84,6 +91,12 @@ def figures() -> list[tuple[str, str, str]]:
          "hook_overhead.md"),
         ("emulated bandwidth / configured, 50 mbit to 10 gbit", f"{min(fidelity):.3f}-{max(fidelity):.3f}",
          "emulation_fidelity.md"),
+        ("the same with 1 or 10 ms of latency (the delay line), 50 mbit to 1 gbit",
+         f"{min(delayed):.3f}-{max(delayed):.3f}", "emulation_fidelity.md"),
+        (f"emulated one-way latency / configured, {len(latency)} latencies from 1 to 100 ms (base subtracted)",
+         f"{min(latency):.3f}-{max(latency):.3f}", "emulation_fidelity.md"),
+        ("one TCP stream's rate / configured over a long path (100 mbit with 50 ms, 1 gbit with 10 and 50 ms)",
+         f"{min(streams):.3f}-{max(streams):.3f}", "emulation_fidelity.md"),
         (f"trials in the shipped dataset ({data.group(3)} contexts)", f"{data.group(1)} ({data.group(2)} ok)",
          "datasheet_stats.md"),
     ]

@@ -1,6 +1,7 @@
-"""A plain DDP training script that trains by a strategy file from `autosync tune`.
+"""A plain DDP training script that trains by a strategy file from `autosync tune`, or tunes while it trains.
 
     torchrun --nproc-per-node 2 examples/train_with_strategy.py --strategy strategy.yaml --workload resnet-tiny
+    torchrun --nproc-per-node 2 examples/train_with_strategy.py --strategy auto --steps 200
 
 Everything here is ordinary PyTorch except one line: ``autosync.apply``. Swap the built-in
 workload for your own model, optimizer and data loader.
@@ -17,7 +18,9 @@ from autosync import workloads
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--strategy", required=True, help="strategy file (YAML or JSON)")
+    ap.add_argument("--strategy", required=True,
+                    help="strategy file (YAML or JSON), or auto (tune in windows of this training's steps; the "
+                         "pick is written to autosync-strategy.yaml)")
     ap.add_argument("--workload", default="resnet-tiny", help="built-in workload to train")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=0.05)

@@ -132,3 +132,27 @@ def strategy_file_text(result: TuneResult, profile: Profile) -> str:
                          f"{spread}  efficiency {r['efficiency']}  time {tt}")
     lines.append(f"# lossless: {str(result.strategy.is_lossless).lower()}")
     return "\n".join(lines) + "\n" + result.strategy.to_yaml()
+
+
+def online_file_text(strategy, tuner) -> str:
+    """The strategy ``strategy="auto"`` committed to, as YAML, with its windows (measured during training) as
+    comments. ``tuner``: the :class:`~autosync.search.online.OnlineTuner` (its profile, windows and costs)."""
+    profile = tuner.profile
+    where = f"{profile.model.workload} (batch {profile.model.batch_size}/rank) on {profile.cluster}" if profile \
+        else tuner.name
+    lines = [f"# autosync auto (measured during training): {where}",
+             f"# strategy {strategy.hash}, committed at step {tuner.steps}; exploration: "
+             f"{tuner.exploration_steps()} steps by candidates not chosen, {tuner.overhead_s:.1f} s outside steps",
+             "# windows (median step of the slowest rank, its spread; speedup over the default's):"]
+    default = tuner.default_step_s()
+    for w in tuner.windows:
+        if w.median_s is None or not w.steps_s:
+            lines.append(f"#   {w.source:<9} {w.strategy.hash}  {w.outcome}  ({w.strategy.summary()})")
+            continue
+        sp = f"{default / w.median_s:.2f}x" if default else "-"
+        pred = f", predicted {w.predicted_speedup:.2f}x" if w.predicted_speedup else ""
+        busy = ", while predicting: not compared" if w.busy else ""
+        lines.append(f"#   {w.source:<9} {w.strategy.hash}  {w.median_s:.4f} s +-{w.spread / 2:.0%}  {sp}{pred}  "
+                     f"{w.outcome}{busy}  ({w.strategy.summary()})")
+    lines.append(f"# lossless: {str(strategy.is_lossless).lower()}")
+    return "\n".join(lines) + "\n" + strategy.to_yaml()

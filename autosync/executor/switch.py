@@ -1,0 +1,145 @@
+"""Switching a live training from one strategy to another, with the objects the user holds staying the same.
+
+:class:`SwitchableModel` is an ``nn.Module`` whose ``module`` is the user's model (so its ``state_dict`` keys read
+like DDP's, ``module.``-prefixed, and ``parameters()`` are the user's parameters) and whose forward runs through the
+DDP of the current strategy, which it keeps out of its own submodules. :class:`SwitchableOptimizer` is the user's
+optimizer: ``step``, ``zero_grad``, ``param_groups``, ``state`` and ``state_dict`` are the wrapped optimizer's (the
+same parameter and state objects, never copied), and ``on_step`` callbacks run after each step, where a switch
+may happen.
+
+:meth:`SwitchableModel.switch` is **collective**: every rank calls it after the same optimizer step. It builds
+the candidate's :class:`~autosync.executor.hooks.SyncState` (its subgroups are made in the same order on every
+rank, then its plans' and compressors' states), then all ranks agree by an all-reduce whether every rank built
+it. If any rank raised, every rank closes what it built and stays on its current strategy, and the call returns
+the reasons on every rank (``"rank 1: RuntimeError: ..."``). Only then is the new DDP wrapped
+(``init_sync=False``: the ranks' parameters are equal, as every lossless step leaves them), its hook registered
+and the old DDP released. Gradients are set to None at a switch (a step has just consumed them).
+
+What can be switched to: synchronous modes that leave the optimizer alone (``bsp``) with any plans, compressors and
+fusion. Entries that reshape or wrap the optimizer (ZeRO's sharded state, local SGD's and DiLoCo's averagers) or
+train without DDP (asp) are refused with one line: they are not explored live. A strategy that raises inside
+the comm hook during a backward is not caught here: torch raises it from the user's ``backward()``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from autosync.executor.apply import _ranks_per_host
+from autosync.executor.hooks import SyncState, autosync_hook
+from autosync.strategy import Strategy
+from autosync.workloads import embedding_parameter_names
+
+
+def switchable(strategy: Strategy) -> str | None:
+    """Why ``strategy`` cannot be switched to in a live training (None: it can)."""
+    if strategy.optimizer_sharding == "zero":
+        return "optimizer_sharding: zero reshapes the optimizer's state"
+    kind = strategy.sync.kind
+    if kind.asynchronous:
+        return f"sync mode {strategy.sync.mode} trains without DDP"
+    if kind.wraps_optimizer:
+        return f"sync mode {strategy.sync.mode} wraps the optimizer"
+    return None
+
+
+class SwitchableModel(torch.nn.Module):
+    """The user's model, trained through the DDP of the strategy of the moment (see the module's docstring)."""
+
+    def __init__(self, module: torch.nn.Module, strategy: Strategy, process_group=None,
+                 ranks_per_host: int | None = None, **hook_options):
+        super().__init__()
+        self.module = module
+        pg = process_group if process_group is not None else dist.group.WORLD
+        object.__setattr__(self, "_pg", pg)
+        object.__setattr__(self, "_rph", _ranks_per_host(ranks_per_host))
+        object.__setattr__(self, "_hook_options", hook_options)
+        object.__setattr__(self, "_embeddings", embedding_parameter_names(module))
+        object.__setattr__(self, "ddp", None)
+        object.__setattr__(self, "strategy", None)
+        why = switchable(strategy)
+        if why:
+            raise ValueError(f"cannot train by {strategy.summary()}: {why}")
+        state = SyncState(module, strategy, pg, self._rph, self._embeddings, **hook_options)
+        self._install(strategy, state, init_sync=True)
+
+    @property
+    def autosync_state(self) -> SyncState:
+        return self.ddp.autosync_state
+
+    def forward(self, *args, **kwargs):
+        return self.ddp(*args, **kwargs)
+
+    def no_sync(self):
+        return self.ddp.no_sync()
+
+    def _install(self, strategy: Strategy, state: SyncState, init_sync: bool) -> None:
+        if self.ddp is not None:     # its reducer's hooks on the parameters go now, not whenever it is collected
+            self.ddp._remove_autograd_hooks()
+            for handle in getattr(self.ddp, "_accum_grad_hooks", []):
+                handle.remove()
+        f = strategy.fusion
+        ddp = DDP(self.module, process_group=self._pg, bucket_cap_mb=f.bucket_cap_mb,
+                  gradient_as_bucket_view=f.gradient_as_bucket_view, static_graph=f.static_graph,
+                  init_sync=init_sync)
+        ddp.register_comm_hook(state, autosync_hook)
+        ddp.autosync_state = state
+        old = self.ddp
+        object.__setattr__(self, "ddp", ddp)
+        object.__setattr__(self, "strategy", strategy)
+        if old is not None:
+            old.autosync_state.close()
+
+    def switch(self, strategy: Strategy) -> str | None:
+        """Collective: move every rank to ``strategy``; None when done, else why every rank stayed where it was."""
+        error = switchable(strategy)
+        state = None
+        if error is None:
+            try:
+                strategy.check_world(dist.get_world_size(self._pg))
+                state = SyncState(self.module, strategy, self._pg, self._rph, self._embeddings, **self._hook_options)
+            except Exception as e:  # noqa: BLE001 - any failure of a candidate reverts every rank
+                error = f"{type(e).__name__}: {e}"
+        ok = torch.tensor([0 if error else 1], dtype=torch.int32, device=_device(self.module))
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self._pg)
+        if not ok.item():
+            if state is not None:
+                state.close()
+            errors: list = [None] * dist.get_world_size(self._pg)
+            dist.all_gather_object(errors, error, group=self._pg)
+            return "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+        for p in self.module.parameters():
+            p.grad = None
+        self._install(strategy, state, init_sync=False)
+        return None
+
+    def release(self) -> None:
+        """Stop the current hook's worker thread and destroy its subgroups."""
+        if self.ddp is not None:
+            self.ddp.autosync_state.close()
+
+
+def _device(module: torch.nn.Module) -> torch.device:
+    p = next(module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+class SwitchableOptimizer:
+    """The user's optimizer with callbacks after each ``step`` (where the online tuner may switch strategies)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.optimizer = optimizer
+        self.on_step: list = []
+
+    def step(self, closure=None):
+        out = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        for callback in self.on_step:
+            callback()
+        return out
+
+    def zero_grad(self, set_to_none: bool = True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __getattr__(self, name):          # param_groups, state, state_dict, load_state_dict, defaults, ...
+        return getattr(self.optimizer, name)

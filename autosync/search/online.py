@@ -1,0 +1,281 @@
+"""Tune while you train: the search runs in windows of the user's own training steps.
+
+Every step the tuner sees trains the model; it only chooses which strategy the next steps run by. The timeline,
+on every rank at the same steps (decisions are rank 0's, broadcast at the end of each window)::
+
+    default window(s)  ->  network bench + profile  ->  candidate windows  ->  commit (the rest of the training)
+                           (rank 0 predicts in a background thread while the default keeps training)
+
+1. **Default window**: the strategy the training starts with (the DDP default) runs ``settle`` steps (DDP builds
+   its buckets at the second) and ``window`` timed steps; a :class:`~autosync.profiler.observe.StepObserver`
+   records them. At its end every rank runs a few seconds of collectives (:func:`network_here`) and rank 0 builds
+   the :class:`~autosync.profiler.Profile` and starts ``propose(profile)`` in a thread. Until it answers, the
+   default keeps training in further windows (their steps refine the default's figure), for at most
+   ``max_wait_s``.
+2. **Candidate windows**: each proposed strategy (lossless only, and only those
+   :func:`~autosync.executor.switch.switchable`) trains ``settle + window`` steps. A window's figure is the slowest
+   rank's median step time; its spread, the slowest rank's interquartile range over that median. A candidate
+   slower than the default beyond the larger spread is dropped; a candidate that fails to build on any rank
+   reverts every rank to the last strategy and is recorded as failed with its reason.
+3. **Commit**: the fastest measured (the default unless something beat it), for the rest of the training.
+   ``on_commit(strategy, windows)`` runs on rank 0 (the API writes the strategy file there).
+
+Lossless candidates leave the math unchanged, so the parameters after N steps equal plain DDP's to rounding
+whichever candidates ran (``tests/test_online.py``). Not yet: lossy candidates (admitted by a predicted efficiency
+bound), re-exploring when the step time drifts, and appending the windows to a dataset.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from autosync.executor.switch import SwitchableModel, SwitchableOptimizer, switchable
+from autosync.strategy import Strategy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Window:
+    """One window of training steps by one strategy."""
+
+    strategy: Strategy
+    source: str                      # "default", "predicted"
+    first_step: int
+    steps_s: list[float] = field(default_factory=list)   # this rank's timed steps
+    median_s: float | None = None    # the slowest rank's median step time
+    spread: float = 0.0              # the slowest rank's interquartile range / median
+    outcome: str = ""                # measured, dropped: ..., failed: ...
+    predicted_speedup: float | None = None
+    busy: bool = False               # rank 0 predicted during it (its steps shared the CPU): not a figure
+
+    def as_dict(self) -> dict:
+        return {"strategy": self.strategy.summary(), "hash": self.strategy.hash, "source": self.source,
+                "first_step": self.first_step, "steps": len(self.steps_s), "median_step_s": self.median_s,
+                "spread": self.spread, "outcome": self.outcome, "predicted_speedup": self.predicted_speedup,
+                "busy": self.busy}
+
+
+def _spread(xs: list[float]) -> float:
+    if len(xs) < 4:
+        return 0.0
+    q = statistics.quantiles(xs, n=4)
+    return (q[2] - q[0]) / statistics.median(xs)
+
+
+class OnlineTuner:
+    """The tuner of a live training: install with :meth:`attach`; it acts from the optimizer's ``step``."""
+
+    def __init__(self, model: SwitchableModel, optimizer: SwitchableOptimizer, propose, *, window: int = 8,
+                 settle: int = 3, max_candidates: int = 4, max_wait_s: float = 600.0, ranks_per_host: int = 1,
+                 cluster=None, env: dict | None = None, name: str = "model", on_commit=None, report=None):
+        if window < 4:
+            raise ValueError("window must be at least 4 steps (a median and a spread)")
+        self.model, self.optimizer, self.propose = model, optimizer, propose
+        self.window, self.settle, self.max_candidates = window, settle, max_candidates
+        self.max_wait_s, self.rph, self.cluster, self.env = max_wait_s, ranks_per_host, cluster, env or {}
+        self.name, self.on_commit, self.report = name, on_commit, report
+        self.rank = dist.get_rank()
+        self.steps = 0
+        self.windows: list[Window] = []
+        self.current = Window(model.strategy, "default", 0)
+        self.default_hash = model.strategy.hash
+        self.queue: list[tuple[Strategy, float | None]] | None = None   # rank 0: candidates still to try
+        self.proposal: dict = {}                                      # rank 0: the thread's answer
+        self.thread: threading.Thread | None = None
+        self.committed: Strategy | None = None
+        self.overhead_s = 0.0        # time spent outside training steps: benches, switches, decisions
+        self.profile = None
+        self._last: float | None = None
+        self._asked: float | None = None      # rank 0: when the prediction started
+        self._answered = -1                   # rank 0: the step during which it answered
+        from autosync.profiler.observe import StepObserver
+
+        self.observer: StepObserver | None = StepObserver(model.module, name)
+        inner = optimizer.optimizer
+        optimizer.optimizer = _Timed(inner, self)
+        optimizer.on_step.append(self.after_step)
+
+    # --- every step -------------------------------------------------------------------------------
+    def after_step(self) -> None:
+        now = time.perf_counter()
+        if self.committed is None and self._last is not None and self.steps - self.current.first_step > self.settle:
+            self.current.steps_s.append(now - self._last)
+        self.steps += 1
+        if self.committed is None and len(self.current.steps_s) >= self.window:
+            t0 = time.perf_counter()
+            self._end_window()
+            self.overhead_s += time.perf_counter() - t0
+        self._last = time.perf_counter()
+
+    # --- the end of a window (collective) -----------------------------------------------------------
+    def _end_window(self) -> None:
+        w = self.current
+        figures = torch.tensor([statistics.median(w.steps_s), _spread(w.steps_s)], dtype=torch.float64)
+        dist.all_reduce(figures, op=dist.ReduceOp.MAX)
+        w.median_s, w.spread = float(figures[0]), float(figures[1])
+        w.busy = w.busy or self.thread is not None and (self.thread.is_alive() or w.first_step <= self._answered)
+        self.windows.append(w)
+        if self.observer is not None:          # the first default window: profile and start predicting
+            self._start_prediction()
+        while True:
+            action = [self._decide() if self.rank == 0 else None]
+            dist.broadcast_object_list(action, src=0)
+            kind, payload = action[0]
+            if kind == "stay":
+                self.current = Window(self.model.strategy, self.current.source, self.steps,
+                                      predicted_speedup=self.current.predicted_speedup)
+                return
+            if kind == "commit":
+                self._commit(Strategy.from_dict(payload["strategy"]), payload["why"])
+                return
+            strategy = Strategy.from_dict(payload["strategy"])
+            error = self.model.switch(strategy)
+            if error is None:
+                self.current = Window(strategy, "predicted", self.steps, predicted_speedup=payload["predicted"])
+                self._say(f"trying {strategy.summary()} (predicted {payload['predicted'] or float('nan'):.2f}x)")
+                return
+            failed = Window(strategy, "predicted", self.steps, outcome=f"failed: {error}",
+                            predicted_speedup=payload["predicted"])
+            self.windows.append(failed)
+            self._say(f"{strategy.summary()} failed to start ({error}); staying on {self.model.strategy.summary()}")
+
+    def _start_prediction(self) -> None:
+        from autosync.profiler.observe import network_here
+        from autosync.profiler.profile import Profile
+
+        model_profile = self.observer.profile() if self.rank == 0 else None
+        self.observer.close()
+        self.observer = None
+        network = network_here(self.rph, device=str(next(self.model.module.parameters()).device))
+        if self.rank != 0:
+            return
+        cluster = self.cluster(network) if callable(self.cluster) else self.cluster
+        self.profile = Profile(model_profile, network, cluster, self.env)
+
+        def run():
+            try:
+                self.proposal["candidates"] = self.propose(self.profile)
+            except Exception as e:  # noqa: BLE001 - a prediction that fails leaves the default training
+                log.exception("autosync auto: predicting candidates failed")
+                self.proposal["error"] = f"{type(e).__name__}: {e}"
+            self._answered = self.steps
+
+        self._asked = time.monotonic()
+        self.thread = threading.Thread(target=run, name="autosync-auto-predict", daemon=True)
+        self.thread.start()
+
+    # --- rank 0's decisions -------------------------------------------------------------------------
+    def _default(self) -> Window:
+        """The default's figure: the median of its windows' medians, leaving out those measured while rank 0
+        predicted (when there is one without), and the largest of their spreads."""
+        ws = [w for w in self.windows if w.strategy.hash == self.default_hash and w.median_s is not None]
+        ws = [w for w in ws if not w.busy] or ws
+        merged = Window(ws[0].strategy, "default", ws[0].first_step, [s for w in ws for s in w.steps_s])
+        merged.median_s = statistics.median(w.median_s for w in ws)
+        merged.spread = max(w.spread for w in ws)
+        return merged
+
+    def default_step_s(self) -> float | None:
+        """The default's step time the decisions compared with (rank 0)."""
+        try:
+            return self._default().median_s
+        except IndexError:
+            return None
+
+    def _decide(self) -> tuple[str, dict | None]:
+        last = self.windows[-1]
+        default = self._default()
+        if last.source == "predicted" and last.median_s is not None and not last.outcome:
+            limit = default.median_s * (1 + max(default.spread, last.spread))
+            if last.median_s > limit:
+                last.outcome = f"dropped: slower than the default ({last.median_s / default.median_s:.2f}x its step)"
+            else:
+                last.outcome = "measured"
+            self._say(f"window {len(self.windows)}: {last.strategy.summary()}: {last.median_s:.4f} s/step "
+                      f"(default {default.median_s:.4f}, {default.median_s / last.median_s:.2f}x): {last.outcome}")
+        elif last.source == "default":
+            last.outcome = "measured"
+        if self.queue is None:
+            if "error" in self.proposal:
+                return "commit", {"strategy": default.strategy.canonical(),
+                                  "why": f"no candidates: {self.proposal['error']}"}
+            if "candidates" not in self.proposal:
+                if time.monotonic() - self._asked > self.max_wait_s:
+                    return "commit", {"strategy": default.strategy.canonical(), "why": "the prediction took too long"}
+                return "stay", None
+            self.queue = [(s, p) for s, p in self.proposal["candidates"]
+                          if s.hash != self.default_hash and s.is_lossless and switchable(s) is None
+                          ][:self.max_candidates]
+            self._say(f"{len(self.queue)} candidates to try: " + "; ".join(s.summary() for s, _ in self.queue))
+        if self.queue:
+            strategy, predicted = self.queue.pop(0)
+            return "try", {"strategy": strategy.canonical(), "predicted": predicted}
+        measured = [w for w in self.windows if w.source == "predicted" and w.outcome == "measured"]
+        best = min(measured, key=lambda w: w.median_s, default=None)
+        if best is None or best.median_s >= default.median_s:
+            return "commit", {"strategy": default.strategy.canonical(), "why": "nothing beat the default"}
+        return "commit", {"strategy": best.strategy.canonical(),
+                          "why": f"{default.median_s / best.median_s:.2f}x the default's steps/s"}
+
+    def _commit(self, strategy: Strategy, why: str) -> None:
+        if strategy.hash != self.model.strategy.hash:
+            error = self.model.switch(strategy)
+            if error is not None:      # it built before; if it does not now, the current one stays
+                why, strategy = f"{strategy.summary()} failed to start again ({error})", self.model.strategy
+        self.committed = strategy
+        if self.rank == 0:
+            self._say(f"committed to {strategy.summary()} at step {self.steps}: {why}; exploration took "
+                      f"{self.exploration_steps()} of {self.steps} steps, {self.overhead_s:.1f} s outside them")
+            if self.on_commit is not None:
+                self.on_commit(strategy, self)
+
+    def exploration_steps(self) -> int:
+        """Steps trained by candidates that were not committed to (what exploring cost)."""
+        chosen = self.committed.hash if self.committed is not None else None
+        return sum(len(w.steps_s) + self.settle for w in self.windows
+                   if w.source == "predicted" and w.strategy.hash != chosen and w.steps_s)
+
+    def _say(self, text: str) -> None:
+        if self.rank == 0:
+            log.info("autosync auto: %s", text)
+            if self.report is not None:
+                self.report(f"autosync auto: {text}")
+
+
+class _Timed:
+    """The user's optimizer, its ``step`` timed by the tuner's observer while it observes."""
+
+    def __init__(self, optimizer, tuner: OnlineTuner):
+        self._optimizer, self._tuner = optimizer, tuner
+
+    def step(self, closure=None):
+        call = (lambda: self._optimizer.step(closure)) if closure is not None else self._optimizer.step
+        observer = self._tuner.observer
+        return observer.optimizer_timed(call) if observer is not None else call()
+
+    def __getattr__(self, name):
+        return getattr(self._optimizer, name)
+
+
+def predict_candidates(profile, model, base, card, config, k: int = 4) -> list[tuple[Strategy, float]]:
+    """The cost model's best ``k`` diverse lossless strategies that can be switched to live, with their predicted
+    speedups over the DDP default (the prediction of ``tune --measure 0`` on ``profile``, hand-crafted baselines
+    scored beside Optuna's candidates)."""
+    from autosync.search.baselines import baselines
+    from autosync.search.proposer import Proposer, pick_diverse
+
+    proposer = Proposer(profile, model, base, None, None, config, None, float("nan"), card)
+    proposer.propose(config.candidates)
+    hand = [s for s in baselines(profile).values() if s.is_lossless]
+    for s, score in zip(hand, proposer.score(hand)):
+        proposer.scored.setdefault(s.hash, (float(score), s))
+    ranked = [(sc, s) for sc, s in proposer.ranked() if s.is_lossless and switchable(s) is None]
+    picks = pick_diverse(ranked, k, {Strategy.default().hash}, config.min_distance)
+    return [(s, proposer.predicted(s)) for _, s in picks]

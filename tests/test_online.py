@@ -1,0 +1,154 @@
+"""strategy="auto": the search runs in windows of the training's own steps, on real gloo ranks.
+
+Lossless candidates switched to mid-training must leave the parameters where plain DDP's are (to rounding), every
+rank must switch at the same step, a candidate that fails on one rank must put every rank back on the last good
+strategy while the training goes on, and the strategy file written at the commit must load with ``apply``.
+"""
+import pytest
+
+from autosync.executor.launch import RankPool
+from autosync.plans.none import NoCompression
+from autosync.strategy import Strategy
+
+pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
+
+CANDIDATES = [
+    {"fusion": {"bucket_cap_mb": 0.05}},                      # many small buckets
+    {"groups": [{"plan": "ps"}]},                             # parameter server, rank 0 owns everything
+    {"groups": [{"plan": "hierarchical_allreduce"}], "fusion": {"bucket_cap_mb": 1}},
+]
+
+
+class FaultyOnRank1(NoCompression):
+    """A lossless compressor whose state cannot be built on rank 1 (registered by the ranks of one test only)."""
+
+    name = "faulty_on_rank1"
+
+    def make_state(self, comm, group):
+        if comm.rank == 1:
+            raise RuntimeError("faulty_on_rank1 cannot start on rank 1")
+        return super().make_state(comm, group)
+
+
+def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False):
+    """Train mlp ``steps`` steps (each rank its own batches) by the DDP default, or by an online tuner that tries
+    ``candidates``; the parameters, and (auto) the strategy after each step and rank 0's windows."""
+    import torch
+
+    from autosync import plans, workloads
+    from autosync.cluster import parse_cluster
+    from autosync.executor.apply import apply, release
+    from autosync.executor.switch import SwitchableModel, SwitchableOptimizer
+    from autosync.profiler.profile import environment
+    from autosync.search.online import OnlineTuner
+
+    if faulty:
+        plans.COMPRESSORS[FaultyOnRank1.name] = FaultyOnRank1()
+    torch.manual_seed(0)
+    model, make_batch = workloads.build("mlp", seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(1000 + ctx.rank)
+    trace, tuner = [], None
+    if auto:
+        m, o = SwitchableModel(model, Strategy.default(), ranks_per_host=ctx.ranks_per_host), SwitchableOptimizer(opt)
+        tuner = OnlineTuner(m, o, lambda profile: [(Strategy.from_dict(c), None) for c in candidates], window=4,
+                            settle=1, ranks_per_host=ctx.ranks_per_host, cluster=parse_cluster("2x1@1gbit"),
+                            env=environment("unshaped"))
+        o.on_step.append(lambda: trace.append(m.strategy.hash))     # after the tuner's own callback
+    else:
+        m, o = apply(model, opt, Strategy.default(), init_sync=False)
+    try:
+        for _ in range(steps):
+            workloads.loss_of(m(**make_batch(16, gen))).backward()
+            o.step()
+            o.zero_grad()
+    finally:
+        m.release() if auto else release(m)
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    windows = [w.as_dict() for w in tuner.windows] if tuner else []
+    committed = tuner.committed.hash if tuner and tuner.committed else None
+    return params, trace, windows, committed
+
+
+def test_switching_among_lossless_candidates_matches_plain_ddp_and_every_rank_switches_at_the_same_step():
+    with RankPool(2, ranks_per_host=1) as pool:
+        auto = pool.run(_train, CANDIDATES, 60, True)
+        plain = pool.run(_train, CANDIDATES, 60, False)
+    (p0, trace0, windows, committed), (p1, trace1, _, _) = auto
+    assert trace0 == trace1, "the ranks switched at different steps"
+    seen = set(trace0)
+    assert {Strategy.from_dict(c).hash for c in CANDIDATES} <= seen, (windows, seen)
+    assert committed is not None and committed in seen, windows
+    assert [w["outcome"] for w in windows if w["source"] == "predicted"] and \
+        all(w["outcome"].startswith(("measured", "dropped")) for w in windows if w["source"] == "predicted"), windows
+    assert abs(p0 - p1).max() == 0.0, "ranks differ after lossless steps"
+    gap = abs(p0 - plain[0][0]).max()
+    assert gap < 1e-5, f"switching moved the parameters off plain DDP's by {gap}"
+    assert gap > 0 or len(seen) > 1
+
+
+def test_a_candidate_that_fails_on_one_rank_reverts_every_rank_and_training_goes_on(monkeypatch):
+    from autosync import plans
+
+    monkeypatch.setitem(plans.COMPRESSORS, FaultyOnRank1.name, FaultyOnRank1())   # here too, to read the hash
+    faulty = {"groups": [{"compressor": "faulty_on_rank1"}]}
+    with RankPool(2, ranks_per_host=1) as pool:
+        auto = pool.run(_train, [faulty, CANDIDATES[0]], 40, True, True)
+        plain = pool.run(_train, [], 40, False)
+    (p0, trace0, windows, committed), (p1, trace1, _, _) = auto
+    assert trace0 == trace1
+    failed = [w for w in windows if w["outcome"].startswith("failed")]
+    assert len(failed) == 1 and "rank 1: RuntimeError: faulty_on_rank1 cannot start on rank 1" in \
+        failed[0]["outcome"] and "rank 0" not in failed[0]["outcome"], windows
+    assert failed[0]["hash"] == Strategy.from_dict(faulty).hash
+    assert Strategy.from_dict(faulty).hash not in trace0, "a rank trained by the candidate that failed"
+    assert Strategy.from_dict(CANDIDATES[0]).hash in trace0, "the next candidate was not tried"
+    assert committed is not None
+    assert abs(p0 - plain[0][0]).max() < 1e-5
+
+
+def _auto(ctx, out: str, steps_after: int):
+    """``autosync.apply(model, optimizer, "auto")`` in a bare loop, trained until it commits; then the strategy
+    file it wrote, loaded by ``apply`` for a few more steps."""
+    import time
+
+    import torch
+
+    import autosync
+    from autosync import workloads
+    from autosync.executor.apply import release
+
+    model, make_batch = workloads.build("mlp", seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    m, o = autosync.apply(model, opt, "auto", out=out, cluster="2x1@1gbit", network="unshaped", window=4,
+                          settle=1, report=None)
+    gen = torch.Generator().manual_seed(1000 + ctx.rank)
+    t0, steps = time.monotonic(), 0
+    while m.autosync_tuner.committed is None and time.monotonic() - t0 < 240:
+        workloads.loss_of(m(**make_batch(16, gen))).backward()
+        o.step()
+        o.zero_grad()
+        steps += 1
+        time.sleep(0.02)     # a step that waits on a device: the 2 cores are left to rank 0's prediction
+    committed = m.autosync_tuner.committed
+    m.release()
+    torch.distributed.barrier()
+    ddp, opt2 = autosync.apply(model, torch.optim.SGD(model.parameters(), lr=0.05), out)
+    for _ in range(steps_after):
+        workloads.loss_of(ddp(**make_batch(16, gen))).backward()
+        opt2.step()
+        opt2.zero_grad()
+    release(ddp)
+    return committed.hash if committed else None, steps
+
+
+@pytest.mark.slow
+def test_auto_in_a_bare_loop_predicts_tries_commits_and_writes_a_strategy_file_apply_loads(tmp_path):
+    out = tmp_path / "auto.yaml"
+    with RankPool(2, ranks_per_host=1) as pool:
+        (h0, steps), (h1, _) = pool.run(_auto, str(out), 3, timeout=400)
+    assert h0 is not None and h0 == h1, "no commit, or the ranks committed to different strategies"
+    text = out.read_text()
+    assert text.startswith("# autosync auto (measured during training): "), text[:300]
+    assert "predicted" in text and h0 in text
+    assert Strategy.from_dict(__import__("yaml").safe_load(text)).hash == h0
