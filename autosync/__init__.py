@@ -14,12 +14,12 @@ from autosync.strategy import Strategy, StrategyError, load_strategy, loads_stra
 
 def __getattr__(name):
     """``apply``, ``register`` and ``release`` import torch: loaded on first use, so the CLI answers --help at once.
-    ``apply`` is :func:`autosync.api.apply` (a strategy, a strategy file, or ``"auto"``)."""
-    if name == "apply":
+    ``apply`` and ``register`` are :mod:`autosync.api`'s (a strategy, a strategy file, or ``"auto"``)."""
+    if name in ("apply", "register"):
         from autosync import api
 
-        return api.apply
-    if name in ("ddp_kwargs", "register", "release"):
+        return getattr(api, name)
+    if name in ("ddp_kwargs", "release"):
         from autosync.executor import apply as _apply
 
         return getattr(_apply, name)

@@ -280,6 +280,73 @@ def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | 
     return result, where
 
 
+def _auto_task(ctx, workload, batch: int, steps: int, seed: int, spec: str | None, network: str, out, data,
+               window: int, settle: int, candidates: int) -> dict:
+    """Rank side of :func:`run_auto`: the workload's training loop, with ``strategy="auto"``."""
+    import time
+
+    from autosync.executor import device as dev
+    from autosync.executor.recipe import data_generator, make_optimizer
+
+    model, make_batch = workloads.build(workload, seed=seed)
+    model.to(ctx.device)
+    optimizer = make_optimizer("adam", workloads.lr_of(workload), model.parameters())
+    m, o = auto(model, optimizer, out=out if ctx.rank == 0 else None, cluster=spec, network=network,
+                window=window, settle=settle, candidates=candidates, data=data if ctx.rank == 0 else None,
+                ranks_per_host=ctx.ranks_per_host, report=None)
+    gen = data_generator(seed, ctx.rank)
+    t0 = time.perf_counter()
+    try:
+        for _ in range(steps):
+            workloads.loss_of(m(**dev.to_device(make_batch(batch, gen), ctx.device))).backward()
+            o.step()
+            o.zero_grad()
+        dev.synchronize(ctx.device)
+    finally:
+        m.release()
+    tuner = m.autosync_tuner
+    return {"wall_s": time.perf_counter() - t0, "steps": steps, "windows": [w.as_dict() for w in tuner.windows],
+            "committed": tuner.committed.summary() if tuner.committed else None,
+            "committed_hash": tuner.committed.hash if tuner.committed else None,
+            "committed_at": tuner.steps if tuner.committed else None, "default_step_s": tuner.default_step_s(),
+            "exploration_steps": tuner.exploration_steps() if tuner.committed else None,
+            "overhead_s": tuner.overhead_s}
+
+
+def run_auto(workload, cluster: str | Cluster | None = None, nproc: int | None = None,
+             ranks_per_host: int | None = None, batch_size: int | None = None, steps: int = 200, seed: int = 0,
+             timeout: float = 900.0, unshaped: bool = False, pool=None, out: str | Path | None = None,
+             data: str | Path | None = None, window: int = 8, settle: int = 3, candidates: int = 4):
+    """Train ``workload`` ``steps`` steps with ``strategy="auto"`` (:func:`auto`) on the ranks :func:`run` would
+    use; returns (rank 0's summary: windows, commit, wall time, exploration; where)."""
+    from autosync.executor.launch import START_TIMEOUT_S, RankPool
+
+    w, model = checked_workload(workload, batch_size=batch_size)
+    del model
+    if not isinstance(w, str):
+        raise UserError("--strategy auto trains a built-in workload or one given as 'module:function'")
+    batch = batch_size or workloads.default_batch_size(w)
+    cluster = _cluster(cluster) if cluster is not None else None
+    world = _run_world(cluster, nproc, ranks_per_host, pool)
+    if out is not None:
+        check_output(out, "strategy file")
+    start = min(timeout, START_TIMEOUT_S)
+    args = (w, batch, steps, seed)
+    knobs = (str(out) if out else None, str(data) if data else None, window, settle, candidates)
+    if pool is not None:
+        return pool.run(_auto_task, *args, None, "real", *knobs, timeout=timeout)[0], \
+            f"{world} ranks of this job ({pool.backend}/{pool.device})"
+    if cluster is not None:
+        from autosync.executor.emulate import open_ranks
+
+        with open_ranks(cluster, unshaped, start_timeout=start) as ranks:
+            summary = ranks.run(_auto_task, *args, cluster.spec(), ranks.network, *knobs, timeout=timeout)[0]
+            return summary, Context.on(ranks, w, batch, cluster).label
+    with RankPool(world, ranks_per_host=ranks_per_host, start_timeout=start) as ranks:
+        summary = ranks.run(_auto_task, *args, None, "unshaped", *knobs, timeout=timeout)[0]
+    return summary, f"{world} local ranks (unshaped loopback)"
+
+
 def _run_world(cluster: Cluster | None, nproc: int | None, ranks_per_host: int | None, pool) -> int:
     """The world size of :func:`run`, from the one of ``cluster``, ``nproc`` and ``pool`` that gives it."""
     if pool is not None:
@@ -472,58 +539,152 @@ def apply(model, optimizer, strategy, process_group=None, ranks_per_host: int | 
     return _apply(model, optimizer, strategy, process_group, ranks_per_host, **options)
 
 
-def auto(model, optimizer, out: str | Path | None = "autosync-strategy.yaml", cluster: str | Cluster | None = None,
-         network: str = "real", window: int = 8, settle: int = 3, candidates: int = 4, process_group=None,
-         ranks_per_host: int | None = None, report=print):
+@dataclass(frozen=True)
+class AutoOptions:
+    """The choices of ``strategy="auto"`` (:func:`auto`), shared by the plain loop, :func:`register` and the
+    framework integrations."""
+
+    out: str | Path | None = "autosync-strategy.yaml"
+    cluster: str | Cluster | None = None
+    network: str = "real"
+    window: int = 8
+    settle: int = 3
+    candidates: int = 4
+    data: str | Path | None = "autosync-data"
+    report: Callable | None = print
+
+    @classmethod
+    def build(cls, **options) -> "AutoOptions":
+        import dataclasses
+
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise UserError(f'unknown option(s) of strategy="auto": {", ".join(unknown)}')
+        return cls(**options)
+
+
+def auto_tuner(switcher, optimizer, options: AutoOptions, ranks_per_host: int | None = None):
+    """The :class:`~autosync.search.online.OnlineTuner` of ``strategy="auto"`` on ``switcher`` (a switchable
+    model or hook), observing ``optimizer``; the caller calls its ``after_step`` after each optimizer step."""
+    import torch.distributed as dist
+
+    from autosync.executor.apply import _ranks_per_host
+    from autosync.profiler.profile import environment
+    from autosync.search.online import OnlineTuner
+
+    world = dist.get_world_size()
+    rph = _ranks_per_host(ranks_per_host) or world
+    spec = _cluster(options.cluster) if options.cluster is not None else None
+    if spec is not None and spec.world_size != world:
+        raise UserError(f"cluster {spec} has {spec.world_size} ranks; this job has {world}")
+    if options.out is not None and dist.get_rank() == 0:
+        check_output(options.out, "strategy file")
+    device = str(next(switcher.module.parameters()).device)
+    env = environment(options.network, dist.get_backend(), device)
+
+    def commit(strategy, tuner):
+        if options.out is not None:
+            from autosync.present.text import online_file_text
+
+            _write(options.out, lambda p: Path(p).write_text(online_file_text(strategy, tuner)))
+        if options.data is not None and tuner.profile is not None:
+            _record_windows(tuner, DatasetStore(options.data))
+
+    return OnlineTuner(switcher, optimizer, lambda profile: _predict(profile, options.candidates, switcher.adapt),
+                       window=options.window, settle=options.settle, max_candidates=options.candidates,
+                       ranks_per_host=rph, cluster=spec or (lambda net: _job_cluster(net, world, rph)), env=env,
+                       name=type(switcher.module).__name__, on_commit=commit, report=options.report)
+
+
+def auto(model, optimizer, process_group=None, ranks_per_host: int | None = None, **options):
     """``strategy="auto"``: tune while training. Returns ``(model, optimizer)`` that the training loop uses as it
     would DDP's; the search runs in windows of its own steps (:mod:`autosync.search.online`).
 
     The training starts on the DDP default; after one window rank 0 profiles the model from those steps and the
     network from a few seconds of collectives, the cost model predicts ``candidates`` diverse lossless strategies
     (as ``tune --measure 0`` would), each trains a window, and the fastest measured one (the default unless
-    something beat it) trains the rest. ``out``: the strategy file rank 0 writes at the commit (checked first;
-    None: none); it loads with :func:`autosync.load_strategy`. ``cluster``: the job's shape and links as a spec,
-    when known (an emulated cluster: pass ``network="emulated"``); by default the shape comes from the job
-    (``$LOCAL_WORLD_SIZE`` ranks per host) and the links from the measured network. ``report``: where rank 0's
-    progress lines go (None: only the log)."""
+    something beat it) trains the rest. ``options`` (:class:`AutoOptions`): ``out``, the strategy file rank 0
+    writes at the commit (checked first; None: none), which :func:`autosync.load_strategy` loads; ``data``, the
+    dataset folder rank 0 appends the windows to (one row per strategy, source ``auto``, as ``tune`` stores its
+    trials) with the profile (None: none); ``cluster``, the job's shape and links as a spec when known (an
+    emulated cluster: with ``network="emulated"``), by default the shape from the job (``$LOCAL_WORLD_SIZE`` ranks
+    per host) and the links from the measured network; ``window`` and ``settle``, timed and untimed steps of a
+    window; ``candidates``; ``report``, where rank 0's progress lines go (None: only the log)."""
     import torch.distributed as dist
 
     from autosync.executor.apply import _ranks_per_host
     from autosync.executor.switch import SwitchableModel, SwitchableOptimizer
-    from autosync.profiler.profile import environment
-    from autosync.search.online import OnlineTuner
 
+    opts = AutoOptions.build(**options)
     if process_group is not None:
         raise UserError('strategy="auto" runs on the default process group; leave process_group out')
     if not dist.is_initialized():
         raise UserError('strategy="auto" needs torch.distributed initialized (init_process_group) first')
-    world = dist.get_world_size()
-    rph = _ranks_per_host(ranks_per_host) or world
-    if out is not None and dist.get_rank() == 0:
-        check_output(out, "strategy file")
-    spec = _cluster(cluster) if cluster is not None else None
-    if spec is not None and spec.world_size != world:
-        raise UserError(f"cluster {spec} has {spec.world_size} ranks; this job has {world}")
-    device = str(next(model.parameters()).device)
-    name = type(model).__name__
-    sw_model = SwitchableModel(model, Strategy.default(), ranks_per_host=rph)
+    sw_model = SwitchableModel(model, Strategy.default(), ranks_per_host=_ranks_per_host(ranks_per_host))
     sw_opt = SwitchableOptimizer(optimizer)
-    env = environment(network if spec is not None else "real", dist.get_backend(), device)
-
-    def propose(profile):
-        return _predict(profile, candidates)
-
-    def commit(strategy, tuner):
-        if out is not None:
-            from autosync.present.text import online_file_text
-
-            _write(out, lambda p: Path(p).write_text(online_file_text(strategy, tuner)))
-
-    tuner = OnlineTuner(sw_model, sw_opt, propose, window=window, settle=settle, max_candidates=candidates,
-                        ranks_per_host=rph, cluster=spec or (lambda net: _job_cluster(net, world, rph)), env=env,
-                        name=name, on_commit=commit, report=report)
+    tuner = auto_tuner(sw_model, optimizer, opts, ranks_per_host)
+    sw_opt.on_step.append(tuner.after_step)
     object.__setattr__(sw_model, "autosync_tuner", tuner)    # its windows and commit, for whoever wants to look
     return sw_model, sw_opt
+
+
+def register(ddp_model, strategy, optimizer=None, process_group=None, ranks_per_host: int | None = None,
+             module=None, **options):
+    """``autosync.register``: a strategy (or file) on a model some framework already wrapped in DDP
+    (:func:`autosync.executor.apply.register`); or ``"auto"``: tune while training on that DDP. With ``"auto"``
+    the comm hook is switched among candidates that keep the DDP's bucket layout, and the returned optimizer
+    (``optimizer``, whose ``step`` the training must call) ends each step with the tuner's decision."""
+    if not (isinstance(strategy, str) and strategy == "auto"):
+        from autosync.executor.apply import register as _register
+
+        return _register(ddp_model, strategy, optimizer, process_group, ranks_per_host, module, **options)
+    from autosync.executor.switch import SwitchableHook, SwitchableOptimizer
+
+    opts = AutoOptions.build(**options)
+    if optimizer is None:
+        raise UserError('register(model, "auto", optimizer): the optimizer is needed (its steps end the windows)')
+    hook = SwitchableHook(ddp_model, process_group, ranks_per_host, module)
+    inner = getattr(optimizer, "optimizer", optimizer)        # Accelerate's AcceleratedOptimizer wraps the torch one
+    tuner = auto_tuner(hook, inner, opts, ranks_per_host)
+    wrapped = SwitchableOptimizer(optimizer)
+    wrapped.on_step.append(tuner.after_step)
+    ddp_model.autosync_tuner = tuner
+    return wrapped
+
+
+def _record_windows(tuner, store: DatasetStore) -> int:
+    """Append what ``strategy="auto"`` measured to ``store``: per strategy its windows' steps (the default's without
+    those measured while rank 0 predicted), as a trial row of source ``auto``; a candidate that failed to start
+    as failed, with its reason. The profile goes beside them."""
+    import statistics
+
+    from autosync.executor.measure import TrialResult
+    from autosync.search.trials import trial_row
+
+    profile = tuner.profile
+    m = profile.model
+    world = profile.cluster.world_size
+    by_hash: dict[str, list] = {}
+    for w in tuner.windows:
+        if not w.busy or w.strategy.hash != tuner.default_hash:
+            by_hash.setdefault(w.strategy.hash, []).append(w)
+    rows = []
+    for windows in by_hash.values():
+        strategy = windows[0].strategy
+        steps = [s for w in windows for s in w.steps_s]
+        if not steps:
+            failed = windows[0]
+            result = TrialResult(m.workload, strategy.hash, world, m.batch_size, "failed",
+                                 failed.outcome.removeprefix("failed: "))
+        else:
+            step = statistics.median(w.median_s for w in windows)
+            result = TrialResult(m.workload, strategy.hash, world, m.batch_size, "ok",
+                                 samples_per_s=m.batch_size * world / step, step_s=step,
+                                 cv=statistics.pstdev(steps) / statistics.fmean(steps), peak_mem_mb=m.peak_mem_mb,
+                                 step_times=steps)
+        rows.append(trial_row(profile, strategy, "auto", result))
+    store.save_profile(profile.context_id, profile.to_dict())
+    return store.append(rows)
 
 
 def _job_cluster(network, world: int, rph: int) -> Cluster:
@@ -538,7 +699,7 @@ def _job_cluster(network, world: int, rph: int) -> Cluster:
     return Cluster.parse(f"{nodes}x{rph}@{mbit}mbit" + (f",{us}us" if us else ""))
 
 
-def _predict(profile, k: int) -> list:
+def _predict(profile, k: int, adapt=None) -> list:
     """:func:`autosync.search.online.predict_candidates` with the shipped models (regressor, intervals)."""
     from autosync.models import training, uncertainty
     from autosync.search.online import predict_candidates
@@ -547,7 +708,7 @@ def _predict(profile, k: int) -> list:
     shipped = DatasetStore(SHIPPED_DATA, create=False) if (SHIPPED_DATA / "profiles").is_dir() else None
     base = training.build(shipped) if shipped else None
     card = uncertainty.load_card() if base is not None else None
-    return predict_candidates(profile, load_model(), base, card, config, k)
+    return predict_candidates(profile, load_model(), base, card, config, k, adapt)
 
 
 def sweep(everything: bool = False) -> list[str]:

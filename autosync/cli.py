@@ -117,6 +117,16 @@ def _cmd_run(args) -> int:
     from autosync import api
     from autosync.present.tables import print_trial
 
+    if args.strategy == "auto":
+        from autosync.present.tables import print_auto
+
+        summary, where = api.run_auto(args.workload, cluster=args.cluster, nproc=args.nproc,
+                                      ranks_per_host=args.ranks_per_host, batch_size=args.batch_size,
+                                      steps=args.steps, seed=args.seed, timeout=args.timeout,
+                                      unshaped=args.unshaped, pool=args.pool, out=args.out)
+        print_auto(summary, args.json, f"{args.workload} on {where}, strategy auto")
+        return 0 if summary["committed"] else 1
+
     result, where = api.run(args.workload, strategy=args.strategy, cluster=args.cluster, nproc=args.nproc,
                             ranks_per_host=args.ranks_per_host, batch_size=args.batch_size, steps=args.steps,
                             warmup=args.warmup, seed=args.seed, timeout=args.timeout, unshaped=args.unshaped,

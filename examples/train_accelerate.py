@@ -19,7 +19,7 @@ from autosync import workloads
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--strategy", required=True, help="strategy file (YAML or JSON), or 'ddp' for plain DDP")
+    ap.add_argument("--strategy", required=True, help="strategy file (YAML or JSON), 'auto' (tune while training), or 'ddp' for plain DDP")
     ap.add_argument("--workload", default="resnet-tiny", help="built-in workload to train")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--lr", type=float, default=0.05)
@@ -28,7 +28,8 @@ def main() -> None:
     ap.add_argument("--save", help="write the trained parameters here (main process; torch.save of the state dict)")
     args = ap.parse_args()
 
-    strategy = None if args.strategy == "ddp" else autosync.load_strategy(args.strategy)
+    strategy = None if args.strategy == "ddp" else "auto" if args.strategy == "auto" else \
+        autosync.load_strategy(args.strategy)
     handlers = [DistributedDataParallelKwargs(**autosync.ddp_kwargs(strategy))] if strategy else []
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=handlers)
     torch.manual_seed(0)

@@ -15,6 +15,7 @@ import torch
 
 from autosync import workloads
 from autosync.executor.launch import RankPool, free_port
+from autosync.strategy import Strategy
 from conftest import FEW_CANDIDATES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,6 +100,21 @@ def test_a_framework_trains_by_a_strategy_file_and_a_lossless_one_matches_its_ow
     for k in plain:
         torch.testing.assert_close(exact[k], plain[k], rtol=1e-4, atol=2e-4, msg=lambda m: f"{k}: {m}")
     assert max(float((lossy[k] - plain[k]).abs().max()) for k in plain) > 1e-3, "a lossy file must change the result"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework, script, launcher, workload",
+                         [f for f in FRAMEWORKS if f[0] in ("lightning", "transformers")], ids=["lightning", "transformers"])
+def test_a_framework_tunes_while_it_trains_with_auto_and_writes_a_strategy_file(
+        tmp_path, framework, script, launcher, workload):
+    """``"auto"`` through the framework's own DDP: the comm hook switches among candidates at the end of steps, the
+    tuner commits and rank 0 writes the file (``autosync-strategy.yaml`` in the working directory)."""
+    pytest.importorskip({"lightning": "pytorch_lightning", "transformers": "transformers"}[framework])
+    _, calls = _run(tmp_path, script, "auto", "auto", launcher(), workload, 90)
+    text = (tmp_path / "autosync-strategy.yaml").read_text()
+    assert calls > 0 and text.startswith("# autosync auto (measured during training): "), text[:500]
+    assert "  predicted " in text, text
+    assert Strategy.from_dict(__import__("yaml").safe_load(text))
 
 
 def _register_refusals(ctx):

@@ -51,9 +51,10 @@ def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False):
     trace, tuner = [], None
     if auto:
         m, o = SwitchableModel(model, Strategy.default(), ranks_per_host=ctx.ranks_per_host), SwitchableOptimizer(opt)
-        tuner = OnlineTuner(m, o, lambda profile: [(Strategy.from_dict(c), None) for c in candidates], window=4,
+        tuner = OnlineTuner(m, opt, lambda profile: [(Strategy.from_dict(c), None) for c in candidates], window=4,
                             settle=1, ranks_per_host=ctx.ranks_per_host, cluster=parse_cluster("2x1@1gbit"),
                             env=environment("unshaped"))
+        o.on_step.append(tuner.after_step)
         o.on_step.append(lambda: trace.append(m.strategy.hash))     # after the tuner's own callback
     else:
         m, o = apply(model, opt, Strategy.default(), init_sync=False)
@@ -107,7 +108,7 @@ def test_a_candidate_that_fails_on_one_rank_reverts_every_rank_and_training_goes
     assert abs(p0 - plain[0][0]).max() < 1e-5
 
 
-def _auto(ctx, out: str, steps_after: int):
+def _auto(ctx, out: str, data: str, steps_after: int):
     """``autosync.apply(model, optimizer, "auto")`` in a bare loop, trained until it commits; then the strategy
     file it wrote, loaded by ``apply`` for a few more steps."""
     import time
@@ -120,8 +121,8 @@ def _auto(ctx, out: str, steps_after: int):
 
     model, make_batch = workloads.build("mlp", seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    m, o = autosync.apply(model, opt, "auto", out=out, cluster="2x1@1gbit", network="unshaped", window=4,
-                          settle=1, report=None)
+    m, o = autosync.apply(model, opt, "auto", out=out, data=data, cluster="2x1@1gbit", network="unshaped",
+                          window=4, settle=1, report=None)
     gen = torch.Generator().manual_seed(1000 + ctx.rank)
     t0, steps = time.monotonic(), 0
     while m.autosync_tuner.committed is None and time.monotonic() - t0 < 240:
@@ -144,11 +145,29 @@ def _auto(ctx, out: str, steps_after: int):
 
 @pytest.mark.slow
 def test_auto_in_a_bare_loop_predicts_tries_commits_and_writes_a_strategy_file_apply_loads(tmp_path):
-    out = tmp_path / "auto.yaml"
+    from autosync.datasets.store import DatasetStore
+
+    out, data = tmp_path / "auto.yaml", tmp_path / "data"
     with RankPool(2, ranks_per_host=1) as pool:
-        (h0, steps), (h1, _) = pool.run(_auto, str(out), 3, timeout=400)
+        (h0, steps), (h1, _) = pool.run(_auto, str(out), str(data), 3, timeout=400)
     assert h0 is not None and h0 == h1, "no commit, or the ranks committed to different strategies"
     text = out.read_text()
     assert text.startswith("# autosync auto (measured during training): "), text[:300]
     assert "predicted" in text and h0 in text
     assert Strategy.from_dict(__import__("yaml").safe_load(text)).hash == h0
+    rows = DatasetStore(data, create=False).read(efficiency=False)
+    assert set(rows.source) == {"auto"} and h0 in set(rows.strategy_hash) and Strategy.default().hash in \
+        set(rows.strategy_hash), rows[["strategy_hash", "status", "median_step_s"]]
+    assert (rows.status == "ok").all() and (rows.samples_per_s > 0).all() and rows.context_id.nunique() == 1
+    assert rows.context_id.iloc[0].endswith("|2x1@1gbit|unshaped|gloo|cpu"), rows.context_id.iloc[0]
+
+
+def test_autosync_run_strategy_auto_prints_each_window_and_the_commit(tmp_path):
+    from conftest import cli
+
+    out = cli("run", "--workload", "resnet-tiny", "--nproc", "2", "--strategy", "auto", "--steps", "120", "--out",
+              str(tmp_path / "s.yaml"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "resnet-tiny on 2 local ranks (unshaped loopback), strategy auto" in out.stdout
+    assert "default" in out.stdout and "committed at step" in out.stdout, out.stdout
+    assert (tmp_path / "s.yaml").read_text().startswith("# autosync auto (measured during training): ")

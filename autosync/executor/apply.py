@@ -85,7 +85,10 @@ BUCKET_KNOBS = ("torch DDP(bucket_cap_mb=...), Lightning DDPStrategy(bucket_cap_
 
 def ddp_kwargs(strategy: Strategy | str | os.PathLike) -> dict:
     """The strategy's DDP bucket options as keyword arguments (``bucket_cap_mb``, ``gradient_as_bucket_view``,
-    ``static_graph``): for ``DistributedDataParallel(...)``, Accelerate's ``DistributedDataParallelKwargs(...)``."""
+    ``static_graph``): for ``DistributedDataParallel(...)``, Accelerate's ``DistributedDataParallelKwargs(...)``.
+    ``"auto"``: none (DDP's defaults; tuning while training keeps the layout the model is wrapped with)."""
+    if isinstance(strategy, str) and strategy == "auto":
+        return {}
     if not isinstance(strategy, Strategy):
         strategy = load_strategy(strategy)
     f = strategy.fusion

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from autosync.executor.apply import _ranks_per_host
+from autosync.executor.apply import _ranks_per_host, tuned_module
 from autosync.executor.hooks import SyncState, autosync_hook
 from autosync.strategy import Strategy
 from autosync.workloads import embedding_parameter_names
@@ -68,6 +68,11 @@ class SwitchableModel(torch.nn.Module):
     def autosync_state(self) -> SyncState:
         return self.ddp.autosync_state
 
+    @staticmethod
+    def adapt(strategy: Strategy) -> Strategy:
+        """The strategy as this switcher would train it: itself (the DDP is wrapped again at each switch)."""
+        return strategy
+
     def forward(self, *args, **kwargs):
         return self.ddp(*args, **kwargs)
 
@@ -94,25 +99,19 @@ class SwitchableModel(torch.nn.Module):
     def switch(self, strategy: Strategy) -> str | None:
         """Collective: move every rank to ``strategy``; None when done, else why every rank stayed where it was."""
         error = switchable(strategy)
-        state = None
-        if error is None:
-            try:
-                strategy.check_world(dist.get_world_size(self._pg))
-                state = SyncState(self.module, strategy, self._pg, self._rph, self._embeddings, **self._hook_options)
-            except Exception as e:  # noqa: BLE001 - any failure of a candidate reverts every rank
-                error = f"{type(e).__name__}: {e}"
-        ok = torch.tensor([0 if error else 1], dtype=torch.int32, device=_device(self.module))
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self._pg)
-        if not ok.item():
-            if state is not None:
-                state.close()
-            errors: list = [None] * dist.get_world_size(self._pg)
-            dist.all_gather_object(errors, error, group=self._pg)
-            return "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+        if error is not None:         # the same on every rank: nothing was built, no collective needed
+            return error
+        state, error = agree(self._pg, lambda: self._build(strategy))
+        if error is not None:
+            return error
         for p in self.module.parameters():
             p.grad = None
         self._install(strategy, state, init_sync=False)
         return None
+
+    def _build(self, strategy: Strategy) -> SyncState:
+        strategy.check_world(dist.get_world_size(self._pg))
+        return SyncState(self.module, strategy, self._pg, self._rph, self._embeddings, **self._hook_options)
 
     def release(self) -> None:
         """Stop the current hook's worker thread and destroy its subgroups."""
@@ -120,9 +119,81 @@ class SwitchableModel(torch.nn.Module):
             self.ddp.autosync_state.close()
 
 
-def _device(module: torch.nn.Module) -> torch.device:
-    p = next(module.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
+def agree(pg, build):
+    """Collective: ``build()`` on every rank, then agree whether every rank succeeded. Returns (what it built or None,
+    None) when all did, else (None, every failing rank's reason); what any rank built is closed then."""
+    error, built = None, None
+    try:
+        built = build()
+    except Exception as e:  # noqa: BLE001 - any failure of a candidate reverts every rank
+        error = f"{type(e).__name__}: {e}"
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(pg) == "nccl" else \
+        torch.device("cpu")
+    ok = torch.tensor([0 if error else 1], dtype=torch.int32, device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=pg)
+    if ok.item():
+        return built, None
+    if built is not None:
+        built.close()
+    errors: list = [None] * dist.get_world_size(pg)
+    dist.all_gather_object(errors, error, group=pg)
+    return None, "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+
+
+def framework_fusion(ddp: DDP, strategy: Strategy) -> Strategy:
+    """``strategy`` with the bucket options of an already-wrapped DDP (which cannot change them)."""
+    cap = getattr(ddp, "bucket_bytes_cap", int(strategy.fusion.bucket_cap_mb * 2 ** 20))
+    fusion = {"bucket_cap_mb": round(cap / 2 ** 20, 6),
+              "gradient_as_bucket_view": bool(getattr(ddp, "gradient_as_bucket_view", False)),
+              "static_graph": bool(getattr(ddp, "static_graph", False))}
+    return Strategy.from_dict({**strategy.canonical(), "fusion": fusion})
+
+
+class SwitchableHook:
+    """What a framework's DDP (Lightning's, the Trainer's) can switch: its comm hook. One hook is registered once and
+    runs the :class:`~autosync.executor.hooks.SyncState` of the moment; :meth:`switch` (collective, as
+    :meth:`SwitchableModel.switch`) swaps it. DDP's buckets were laid out when the framework wrapped the model:
+    every strategy here carries the DDP's own ``fusion`` (:func:`framework_fusion`)."""
+
+    def __init__(self, ddp: DDP, process_group=None, ranks_per_host: int | None = None, module=None):
+        self.ddp = ddp
+        self.module = tuned_module(ddp, module)
+        self._pg = process_group if process_group is not None else ddp.process_group
+        self._rph = _ranks_per_host(ranks_per_host)
+        self._embeddings = embedding_parameter_names(self.module)
+        self.strategy = framework_fusion(ddp, Strategy.default())
+        self.state = SyncState(self.module, self.strategy, self._pg, self._rph, self._embeddings)
+        ddp.register_comm_hook(self, _switching_hook)
+        ddp.autosync_state = self.state
+
+    def adapt(self, strategy: Strategy) -> Strategy:
+        """The strategy as this switcher trains it: with the DDP's own bucket options."""
+        return framework_fusion(self.ddp, strategy)
+
+    def switch(self, strategy: Strategy) -> str | None:
+        strategy = self.adapt(strategy)
+        error = switchable(strategy)
+        if error is not None:         # the same on every rank: nothing was built, no collective needed
+            return error
+        built, error = agree(self._pg, lambda: self._build(strategy))
+        if error is not None:
+            return error
+        old, self.state, self.strategy = self.state, built, strategy
+        self.ddp.autosync_state = built
+        old.close()
+        return None
+
+    def _build(self, strategy: Strategy) -> SyncState:
+        strategy.check_world(dist.get_world_size(self._pg))
+        return SyncState(self.module, strategy, self._pg, self._rph, self._embeddings)
+
+    def release(self) -> None:
+        self.state.close()
+
+
+def _switching_hook(holder, bucket):     # no annotations: DDP checks them, and this module's are strings
+    """DDP comm hook: :func:`~autosync.executor.hooks.autosync_hook` with the holder's state of the moment."""
+    return autosync_hook(holder.state, bucket)
 
 
 class SwitchableOptimizer:

@@ -13,6 +13,10 @@ wrapped the model), ``ssp``, and the parameter averaging of ``local_sgd``, ``ada
 ``model_averaging_period``). Refused with one line when the strategy is built: ``sync: asp`` (no DDP at all)
 and ``optimizer_sharding: zero`` (use Lightning's own ZeRO strategies). ``ranks_per_host`` defaults to the
 number of devices per node.
+
+``AutosyncDDPStrategy("auto", auto_options={...})`` tunes while training (:func:`autosync.api.auto`): the comm
+hook is switched among lossless candidates at the end of optimizer steps (DDP's bucket options stay those it was
+wrapped with); ``auto_options`` are :class:`autosync.api.AutoOptions`' fields (``out``, ``window``, ...).
 """
 from __future__ import annotations
 
@@ -32,7 +36,19 @@ class AutosyncDDPStrategy(DDPStrategy):
     strategy_name = "autosync_ddp"
 
     def __init__(self, strategy: Strategy | str | os.PathLike, ranks_per_host: int | None = None, module=None,
-                 **kwargs):
+                 auto_options: dict | None = None, **kwargs):
+        self._auto = None
+        self._switch = self._tuner = None
+        if isinstance(strategy, str) and strategy == "auto":
+            from autosync.api import AutoOptions
+
+            self._auto = AutoOptions.build(**(auto_options or {}))
+            super().__init__(**kwargs)
+            self.autosync_strategy, self.autosync_state = None, None
+            self._ranks_per_host, self._module = ranks_per_host, module
+            return
+        if auto_options:
+            raise StrategyError("auto_options go with AutosyncDDPStrategy(\"auto\")")
         s = strategy if isinstance(strategy, Strategy) else load_strategy(strategy)
         if s.sync.kind.asynchronous:
             raise StrategyError(f"sync.mode: {s.sync.mode} trains without DDP; Lightning's DDPStrategy cannot "
@@ -52,14 +68,41 @@ class AutosyncDDPStrategy(DDPStrategy):
         self._ranks_per_host = ranks_per_host
         self._module = module
 
+    def _rph(self) -> int | None:
+        return self._ranks_per_host or len(self.parallel_devices or []) or None
+
     def _register_ddp_hooks(self) -> None:
         from autosync.executor.apply import attach_hook
 
+        if self._auto is not None:
+            from autosync.executor.switch import SwitchableHook
+
+            self._switch = SwitchableHook(self.model, ranks_per_host=self._rph(), module=self._module)
+            self.autosync_state = self._switch.state
+            return
         s = self.autosync_strategy
-        rph = self._ranks_per_host or len(self.parallel_devices or []) or None
+        rph = self._rph()
         state = attach_hook(self.model, s, ranks_per_host=rph, module=self._module)
         self.autosync_state = state            # kept after teardown unwraps the model (``hook_calls``)
         self._model_averager = s.sync.kind.averager(s.sync, state.pg)   # None for bsp and ssp
+
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs):
+        """Lightning's step; with ``"auto"``, then the tuner's end of step (the tuner is made at the first step,
+        when the optimizer exists)."""
+        if self._auto is not None and self._tuner is None:
+            from autosync.api import auto_tuner
+
+            self._tuner = auto_tuner(self._switch, optimizer, self._auto, self._rph())
+        out = super().optimizer_step(optimizer, closure, model, **kwargs)
+        if self._tuner is not None:
+            self._tuner.after_step()
+            self.autosync_state = self._switch.state
+        return out
+
+    @property
+    def autosync_tuner(self):
+        """The online tuner of ``"auto"`` (its windows and commit), None otherwise."""
+        return self._tuner
 
     def teardown(self) -> None:
         if self.autosync_state is not None:

@@ -66,8 +66,12 @@ COMMANDS = {
         "Train a workload for a few steps with a strategy (default: PyTorch DDP's default) on N local gloo ranks, "
         "and report throughput, median step time, its coefficient of variation and peak memory. Under torchrun it "
         "runs on the job's ranks instead of spawning its own.",
-        "example: autosync run --workload bert-mini --nproc 2 --strategy strategy.yaml",
-        ("workload", None), ("--strategy", "path", None, "strategy YAML or JSON (default: the DDP default)"),
+        "example: autosync run --workload bert-mini --nproc 2 --strategy strategy.yaml\n"
+        "         autosync run --workload resnet-tiny --cluster 2x1@100mbit --strategy auto --steps 200",
+        ("workload", None), ("--strategy", "path", None, "strategy YAML or JSON (default: the DDP default); auto: "
+         "tune while training --steps steps (windows of the training's own steps; prints each window and the "
+         "commit)"),
+        ("--out", "path", None, "with --strategy auto: write the committed strategy here"),
         ("--nproc", "positive_int", None, "number of local ranks (default 2)"),
         ("cluster", "run on an emulated cluster, e.g. 2x1@100mbit (world size from the spec; needs root)",
          {"required": False}),

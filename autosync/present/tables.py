@@ -48,6 +48,32 @@ def print_trial(result, as_json: bool, title: str, where: str | None = None) -> 
         out.print(f"reason: {result.reason}", markup=False)
 
 
+def print_auto(summary: dict, as_json: bool, title: str) -> None:
+    """``autosync run --strategy auto``: each window (strategy, steps, median step of the slowest rank, speedup over
+    the default's, outcome), then the commit and what exploring cost."""
+    if as_json:
+        print(json.dumps(summary))
+        return
+    table = _table(title, ("window", "source", "strategy", "steps", "median step", "speedup", "predicted", "outcome"))
+    default = summary["default_step_s"]
+    for i, w in enumerate(summary["windows"], 1):
+        med = w["median_step_s"]
+        table.add_row(str(i), w["source"], w["strategy"], str(w["steps"]),
+                      f"{med * 1e3:.1f} ms" if med and w["steps"] else "-",
+                      f"{default / med:.2f}x" if med and default and w["steps"] else "-",
+                      f"{w['predicted_speedup']:.2f}x" if w["predicted_speedup"] else "-",
+                      w["outcome"] + (" (while predicting: not compared)" if w["busy"] else ""))
+    out = console()
+    out.print(table)
+    if summary["committed"]:
+        out.print(f"committed at step {summary['committed_at']} of {summary['steps']} to {summary['committed']} "
+                  f"({summary['committed_hash']}); {summary['exploration_steps']} steps by candidates not chosen, "
+                  f"{summary['overhead_s']:.1f} s outside steps; {summary['wall_s']:.1f} s in all", markup=False)
+    else:
+        out.print(f"no commit within {summary['steps']} steps: give more --steps (each window is settle + window "
+                  "steps; the default's, then one per candidate)", markup=False)
+
+
 def bandwidth_text(bps: float, world_size: int) -> str:
     """A fit with no time per byte has infinite bandwidth; at one rank that is because nothing is sent."""
     if bps != float("inf"):

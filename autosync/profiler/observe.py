@@ -7,7 +7,7 @@ so the gradient-ready times are those of the real backward, with its communicati
 - each trainable parameter's gradient-ready time, seconds after the forward ended
   (``register_post_accumulate_grad_hook``; the loss's own few operations count as backward);
 - backward: from the forward's end to the last gradient;
-- optimizer: timed by the caller around ``optimizer.step()`` (:meth:`optimizer_timed`);
+- optimizer: ``optimizer.step()``, by the optimizer's step pre- and post-hooks (a step ends with it);
 - FLOPs of one step's forward and backward (``torch.utils.flop_counter`` around one observed step, which is
   then left out of the times: counting slows it);
 - embeddings' touched rows from their gradients at the step; the batch size from the forward's first tensor.
@@ -36,7 +36,7 @@ LIVE_SIZES = tuple(4096 * 4 ** i for i in range(6))
 class StepObserver:
     """Hooks on a live model that record its steps; :meth:`profile` turns them into a ModelProfile."""
 
-    def __init__(self, model: torch.nn.Module, name: str, flops_step: int = 1):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, name: str, flops_step: int = 1):
         from autosync.profiler.measure import _owner_types
         from autosync.workloads import embedding_parameter_names
 
@@ -57,8 +57,11 @@ class StepObserver:
         self._t0 = self._t1 = None
         self._last = 0.0
         self._now: dict[str, float] = {}
+        self._opt_t0 = 0.0
         self._handles = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
-                         model.register_forward_hook(self._post)]
+                         model.register_forward_hook(self._post),
+                         optimizer.register_step_pre_hook(self._opt_pre),
+                         optimizer.register_step_post_hook(self._opt_post)]
         for n, p in self.named:
             self._handles.append(p.register_post_accumulate_grad_hook(self._ready_hook(n)))
 
@@ -88,28 +91,28 @@ class StepObserver:
                 self._last = t
         return hook
 
-    def optimizer_timed(self, step):
-        """Run ``step()`` (the optimizer's), recording this training step; what it returns."""
+    def _opt_pre(self, optimizer, args, kwargs):
         for n, p in self.named:
             if n in self.embeddings and p.grad is not None and p.grad.dim() == 2 and not p.grad.is_sparse:
                 self.touched[n].append((p.grad.abs().sum(1) != 0).float().mean().item())
-        t0 = time.perf_counter()
-        out = step()
+        self._opt_t0 = time.perf_counter()
+
+    def _opt_post(self, optimizer, args, kwargs):
+        """The end of a training step: record it."""
         t1 = time.perf_counter()
-        counted = self._counter is not None
-        if counted:
+        if self._counter is not None:
             self._counter.__exit__(None, None, None)
             self.flops = float(self._counter.get_total_flops())
             self._counter = None
         elif self._t0 is not None and self._t1 is not None and self.steps > 0:   # the first step builds buckets
             self.fwd.append(self._t1 - self._t0)
             self.bwd.append(max(self._last - self._t1, 0.0))
-            self.opt.append(t1 - t0)
+            self.opt.append(t1 - max(self._opt_t0, self._last))   # a closure (Lightning) runs the step's backward
+                                                                   # inside step(): the optimizer's part is after it
             for n, t in self._now.items():
                 self.ready[n].append(t)
         self.steps += 1
         self._t0 = self._t1 = None
-        return out
 
     def close(self) -> None:
         if self._counter is not None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from autosync.executor.switch import SwitchableModel, SwitchableOptimizer, switchable
+from autosync.executor.switch import switchable
 from autosync.strategy import Strategy
 
 log = logging.getLogger(__name__)
@@ -70,22 +70,25 @@ def _spread(xs: list[float]) -> float:
 
 
 class OnlineTuner:
-    """The tuner of a live training: install with :meth:`attach`; it acts from the optimizer's ``step``."""
+    """The tuner of a live training. ``switcher``: a :class:`~autosync.executor.switch.SwitchableModel` (a plain
+    loop) or :class:`~autosync.executor.switch.SwitchableHook` (a framework's DDP); ``optimizer``: the torch
+    optimizer whose steps are observed; whoever drives the training calls :meth:`after_step` after each optimizer
+    step (a :class:`~autosync.executor.switch.SwitchableOptimizer`'s ``on_step``, a framework's callback)."""
 
-    def __init__(self, model: SwitchableModel, optimizer: SwitchableOptimizer, propose, *, window: int = 8,
+    def __init__(self, switcher, optimizer, propose, *, window: int = 8,
                  settle: int = 3, max_candidates: int = 4, max_wait_s: float = 600.0, ranks_per_host: int = 1,
                  cluster=None, env: dict | None = None, name: str = "model", on_commit=None, report=None):
         if window < 4:
             raise ValueError("window must be at least 4 steps (a median and a spread)")
-        self.model, self.optimizer, self.propose = model, optimizer, propose
+        self.model, self.propose = switcher, propose
         self.window, self.settle, self.max_candidates = window, settle, max_candidates
         self.max_wait_s, self.rph, self.cluster, self.env = max_wait_s, ranks_per_host, cluster, env or {}
         self.name, self.on_commit, self.report = name, on_commit, report
         self.rank = dist.get_rank()
         self.steps = 0
         self.windows: list[Window] = []
-        self.current = Window(model.strategy, "default", 0)
-        self.default_hash = model.strategy.hash
+        self.current = Window(switcher.strategy, "default", 0)
+        self.default_hash = switcher.strategy.hash
         self.queue: list[tuple[Strategy, float | None]] | None = None   # rank 0: candidates still to try
         self.proposal: dict = {}                                      # rank 0: the thread's answer
         self.thread: threading.Thread | None = None
@@ -97,10 +100,7 @@ class OnlineTuner:
         self._answered = -1                   # rank 0: the step during which it answered
         from autosync.profiler.observe import StepObserver
 
-        self.observer: StepObserver | None = StepObserver(model.module, name)
-        inner = optimizer.optimizer
-        optimizer.optimizer = _Timed(inner, self)
-        optimizer.on_step.append(self.after_step)
+        self.observer: StepObserver | None = StepObserver(switcher.module, optimizer, name)
 
     # --- every step -------------------------------------------------------------------------------
     def after_step(self) -> None:
@@ -210,9 +210,13 @@ class OnlineTuner:
                 if time.monotonic() - self._asked > self.max_wait_s:
                     return "commit", {"strategy": default.strategy.canonical(), "why": "the prediction took too long"}
                 return "stay", None
-            self.queue = [(s, p) for s, p in self.proposal["candidates"]
-                          if s.hash != self.default_hash and s.is_lossless and switchable(s) is None
-                          ][:self.max_candidates]
+            self.queue, seen = [], {self.default_hash}
+            for s, p in self.proposal["candidates"]:
+                s = self.model.adapt(s)         # as the switcher would train it (a framework's DDP keeps its buckets)
+                if s.hash not in seen and s.is_lossless and switchable(s) is None:
+                    seen.add(s.hash)
+                    self.queue.append((s, p))
+            self.queue = self.queue[:self.max_candidates]
             self._say(f"{len(self.queue)} candidates to try: " + "; ".join(s.summary() for s, _ in self.queue))
         if self.queue:
             strategy, predicted = self.queue.pop(0)
@@ -249,27 +253,13 @@ class OnlineTuner:
                 self.report(f"autosync auto: {text}")
 
 
-class _Timed:
-    """The user's optimizer, its ``step`` timed by the tuner's observer while it observes."""
-
-    def __init__(self, optimizer, tuner: OnlineTuner):
-        self._optimizer, self._tuner = optimizer, tuner
-
-    def step(self, closure=None):
-        call = (lambda: self._optimizer.step(closure)) if closure is not None else self._optimizer.step
-        observer = self._tuner.observer
-        return observer.optimizer_timed(call) if observer is not None else call()
-
-    def __getattr__(self, name):
-        return getattr(self._optimizer, name)
-
-
-def predict_candidates(profile, model, base, card, config, k: int = 4) -> list[tuple[Strategy, float]]:
+def predict_candidates(profile, model, base, card, config, k: int = 4, adapt=None) -> list[tuple[Strategy, float]]:
     """The cost model's best ``k`` diverse lossless strategies that can be switched to live, with their predicted
     speedups over the DDP default (the prediction of ``tune --measure 0`` on ``profile``, hand-crafted baselines
-    scored beside Optuna's candidates)."""
+    scored beside Optuna's candidates). ``adapt``: how the switcher trains a strategy (a framework's DDP keeps its
+    bucket options); the candidates are adapted, then scored again as they will train."""
     from autosync.search.baselines import baselines
-    from autosync.search.proposer import Proposer, pick_diverse
+    from autosync.search.proposer import Proposer, pick_diverse, predicted_speedup
 
     proposer = Proposer(profile, model, base, None, None, config, None, float("nan"), card)
     proposer.propose(config.candidates)
@@ -277,5 +267,13 @@ def predict_candidates(profile, model, base, card, config, k: int = 4) -> list[t
     for s, score in zip(hand, proposer.score(hand)):
         proposer.scored.setdefault(s.hash, (float(score), s))
     ranked = [(sc, s) for sc, s in proposer.ranked() if s.is_lossless and switchable(s) is None]
-    picks = pick_diverse(ranked, k, {Strategy.default().hash}, config.min_distance)
-    return [(s, proposer.predicted(s)) for _, s in picks]
+    exclude = {Strategy.default().hash}
+    if adapt is not None:
+        unique: dict[str, Strategy] = {}
+        for _, s in ranked:
+            a = adapt(s)
+            unique.setdefault(a.hash, a)
+        ranked = sorted(zip(proposer.score(list(unique.values())), unique.values()), key=lambda t: -t[0])
+        exclude.add(adapt(Strategy.default()).hash)
+    picks = pick_diverse([(float(sc), s) for sc, s in ranked], k, exclude, config.min_distance)
+    return [(s, predicted_speedup(proposer.model, sc)) for sc, s in picks]
