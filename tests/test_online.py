@@ -171,3 +171,17 @@ def test_autosync_run_strategy_auto_prints_each_window_and_the_commit(tmp_path):
     assert "resnet-tiny on 2 local ranks (unshaped loopback), strategy auto" in out.stdout
     assert "default" in out.stdout and "committed at step" in out.stdout, out.stdout
     assert (tmp_path / "s.yaml").read_text().startswith("# autosync auto (measured during training): ")
+
+
+def test_auto_options_and_the_job_cluster_from_a_measured_network():
+    """An unknown option of "auto" is one line; a job's cluster is its shape and the link its fit measured."""
+    from autosync import api
+    from autosync.errors import UserError
+    from autosync.profiler.network import Fit, NetworkProfile
+
+    with pytest.raises(UserError, match=r'unknown option\(s\) of strategy="auto": bogus'):
+        api.AutoOptions.build(window=8, bogus=1)
+    fit = Fit(alpha_s=0.0105, beta_s_per_byte=8 / 950e6)        # 10.5 ms one way, 950 Mbit/s
+    net = NetworkProfile(4, 2, {"world": {"send_recv": Fit(1e-4, 8 / 40e9)}, "inter": {"send_recv": fit}})
+    assert str(api._job_cluster(net, 4, 2)) == "2x2@950mbit,10500us"
+    assert str(api._job_cluster(net, 2, 2)) == "1x2@100gbit"
