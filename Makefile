@@ -30,8 +30,9 @@ demo: $(STAMP)
 	$(BIN)/autosync run --workload $(DEMO_WORKLOAD) --cluster $(DEMO_CLUSTER) --strategy strategy.yaml
 
 # The tests that time links and steps run alone first; the rest on three pytest-xdist workers: on 2 cores a third
-# worker fills the time the others wait on ranks and subprocesses (563 -> 503 s for that part, 2026-12-03; a fourth
-# doubled each test's time, 2026-12-05). The tests
+# worker fills the time the others wait on ranks and subprocesses (563 -> 503 s for that part, 2026-12-03; with a
+# fourth, the Lightning test took 159 s instead of 84, in a run where five tests also ran long commands, 2026-12-05).
+# The tests
 # marked slow come first (tests/conftest.py) and go out one at a time (--maxschedchunk 1), so they spread over the
 # workers instead of landing in the first worker's chunk.
 test: $(STAMP)
