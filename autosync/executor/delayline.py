@@ -29,7 +29,8 @@ run cleans up itself: exit. End of file without ``down`` means the run died with
 (SIGKILL, a crash): the process deletes the run's namespaces and CPU cgroups, then exits. So
 nothing of a killed run is left behind, not only what the next run's sweep would find.
 
-Only the standard library is used, and only Linux: ``setns`` and ``prctl`` through ctypes.
+Only the standard library (and :mod:`autosync.executor.netns`) is used, and only Linux: ``setns`` and
+``prctl`` through ctypes.
 """
 from __future__ import annotations
 
@@ -95,7 +96,6 @@ class Direction:
         self.delay_s, self.sigma_s, self.rng = delay_s, sigma_s, rng
         self.queue: deque = deque()
         self.last_due = 0.0
-        self.frames = self.dropped = 0
 
     def due(self, now: float) -> float:
         d = self.delay_s + (self.rng.gauss(0.0, self.sigma_s) if self.sigma_s else 0.0)
@@ -119,40 +119,22 @@ class Direction:
             frame = q.popleft()[1]
             try:
                 os.write(self.dst, frame)
-                self.frames += 1
-            except BlockingIOError:
-                self.dropped += 1
+            except BlockingIOError:          # the receiving device's queue is full: dropped, as on a wire
+                pass
             except OSError as e:
                 if e.errno != errno.EIO:     # EIO: the other device is down (not up yet), as a wire to a dark port
                     raise SystemExit(0)      # gone: its namespace was deleted
-                self.dropped += 1
         return q[0][0] - now if q else None
 
 
 def cleanup(namespaces: list[str], cgroups: list[str]) -> None:
-    """Delete a dead run's namespaces (their devices go with them) and CPU cgroups (moving what is left in one to
-    its parent first)."""
-    import subprocess
+    """Delete a dead run's namespaces (their devices go with them) and CPU cgroups."""
+    from autosync.executor.netns import remove_cgroup, run
 
     for ns in namespaces:
-        subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
-    for path in map(Path, cgroups):
-        for _ in range(40):
-            try:
-                path.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                try:
-                    for pid in (path / "cgroup.procs").read_text().split():
-                        try:
-                            (path.parent / "cgroup.procs").write_text(pid)
-                        except OSError:
-                            pass
-                except OSError:
-                    pass
-                time.sleep(0.05)
+        run("ip", "netns", "delete", ns, check=False)
+    for path in cgroups:
+        remove_cgroup(Path(path), attempts=40)
 
 
 def serve(config: dict) -> None:

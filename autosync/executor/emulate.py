@@ -47,7 +47,7 @@ from autosync.cluster import Cluster, Link
 from autosync.errors import UserError, sigterm_as_interrupt
 from autosync.executor.fidelity import beyond
 from autosync.executor.launch import RankPlacement, RankPool, pid_alive
-from autosync.executor.netns import PREFIX, EmulationError
+from autosync.executor.netns import PREFIX, EmulationError, remove_cgroup
 from autosync.executor.netns import run as _run
 
 log = logging.getLogger(__name__)
@@ -88,23 +88,8 @@ def list_cgroups() -> list[Path]:
 
 
 def _remove_cgroup(path: Path) -> bool:
-    """rmdir a cgroup, first moving what is still in it (a dying rank) to the root."""
-    for attempt in range(20):
-        try:
-            path.rmdir()
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError:
-            try:
-                for pid in (path / "cgroup.procs").read_text().split():
-                    try:
-                        (path.parent / "cgroup.procs").write_text(pid)
-                    except OSError:
-                        pass
-            except OSError:
-                pass
-            time.sleep(0.05)
+    if remove_cgroup(path):
+        return True
     log.warning("could not remove cgroup %s", path)
     return False
 

@@ -98,20 +98,14 @@ class SwitchableModel(torch.nn.Module):
 
     def switch(self, strategy: Strategy) -> str | None:
         """Collective: move every rank to ``strategy``; None when done, else why every rank stayed where it was."""
-        error = switchable(strategy)
-        if error is not None:         # the same on every rank: nothing was built, no collective needed
-            return error
-        state, error = agree(self._pg, lambda: self._build(strategy))
+        state, error = candidate_state(self.module, strategy, self._pg, self._rph, self._embeddings,
+                                       **self._hook_options)
         if error is not None:
             return error
         for p in self.module.parameters():
             p.grad = None
         self._install(strategy, state, init_sync=False)
         return None
-
-    def _build(self, strategy: Strategy) -> SyncState:
-        strategy.check_world(dist.get_world_size(self._pg))
-        return SyncState(self.module, strategy, self._pg, self._rph, self._embeddings, **self._hook_options)
 
     def release(self) -> None:
         """Stop the current hook's worker thread and destroy its subgroups."""
@@ -138,6 +132,20 @@ def agree(pg, build):
     errors: list = [None] * dist.get_world_size(pg)
     dist.all_gather_object(errors, error, group=pg)
     return None, "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+
+
+def candidate_state(module, strategy: Strategy, pg, ranks_per_host, embeddings, **hook_options):
+    """Collective (as :func:`agree`): ``strategy``'s SyncState on every rank, or (None, why not). A strategy that
+    cannot be switched to at all is refused on every rank alike, before anything is built."""
+    error = switchable(strategy)
+    if error is not None:
+        return None, error
+
+    def build() -> SyncState:
+        strategy.check_world(dist.get_world_size(pg))
+        return SyncState(module, strategy, pg, ranks_per_host, embeddings, **hook_options)
+
+    return agree(pg, build)
 
 
 def framework_fusion(ddp: DDP, strategy: Strategy) -> Strategy:
@@ -172,20 +180,13 @@ class SwitchableHook:
 
     def switch(self, strategy: Strategy) -> str | None:
         strategy = self.adapt(strategy)
-        error = switchable(strategy)
-        if error is not None:         # the same on every rank: nothing was built, no collective needed
-            return error
-        built, error = agree(self._pg, lambda: self._build(strategy))
+        built, error = candidate_state(self.module, strategy, self._pg, self._rph, self._embeddings)
         if error is not None:
             return error
         old, self.state, self.strategy = self.state, built, strategy
         self.ddp.autosync_state = built
         old.close()
         return None
-
-    def _build(self, strategy: Strategy) -> SyncState:
-        strategy.check_world(dist.get_world_size(self._pg))
-        return SyncState(self.module, strategy, self._pg, self._rph, self._embeddings)
 
     def release(self) -> None:
         self.state.close()

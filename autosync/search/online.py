@@ -21,8 +21,9 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    ``on_commit(strategy, windows)`` runs on rank 0 (the API writes the strategy file there).
 
 Lossless candidates leave the math unchanged, so the parameters after N steps equal plain DDP's to rounding
-whichever candidates ran (``tests/test_online.py``). Not yet: lossy candidates (admitted by a predicted efficiency
-bound), re-exploring when the step time drifts, and appending the windows to a dataset.
+whichever candidates ran (``tests/test_online.py``). The API (:func:`autosync.api.auto_tuner`) writes the strategy
+file and appends the windows to a dataset at the commit. Not yet: lossy candidates (admitted by a predicted
+efficiency bound) and re-exploring when the step time drifts.
 """
 from __future__ import annotations
 
