@@ -281,7 +281,7 @@ def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | 
 
 
 def _auto_task(ctx, workload, batch: int, steps: int, seed: int, spec: str | None, network: str, out, data,
-               window: int, settle: int, candidates: int) -> dict:
+               window: int, settle: int, candidates: int, budget: float) -> dict:
     """Rank side of :func:`run_auto`: the workload's training loop, with ``strategy="auto"``."""
     import time
 
@@ -292,7 +292,8 @@ def _auto_task(ctx, workload, batch: int, steps: int, seed: int, spec: str | Non
     model.to(ctx.device)
     optimizer = make_optimizer("adam", workloads.lr_of(workload), model.parameters())
     m, o = auto(model, optimizer, out=out if ctx.rank == 0 else None, cluster=spec, network=network,
-                window=window, settle=settle, candidates=candidates, data=data if ctx.rank == 0 else None,
+                window=window, settle=settle, candidates=candidates, budget=budget,
+                data=data if ctx.rank == 0 else None,
                 ranks_per_host=ctx.ranks_per_host, report=None)
     gen = data_generator(seed, ctx.rank)
     t0 = time.perf_counter()
@@ -310,13 +311,14 @@ def _auto_task(ctx, workload, batch: int, steps: int, seed: int, spec: str | Non
             "committed_hash": tuner.committed.hash if tuner.committed else None,
             "committed_at": tuner.steps if tuner.committed else None, "default_step_s": tuner.default_step_s(),
             "exploration_steps": tuner.exploration_steps() if tuner.committed else None,
-            "overhead_s": tuner.overhead_s}
+            "lost_s": tuner.lost_s(), "overhead_s": tuner.overhead_s}
 
 
 def run_auto(workload, cluster: str | Cluster | None = None, nproc: int | None = None,
              ranks_per_host: int | None = None, batch_size: int | None = None, steps: int = 200, seed: int = 0,
              timeout: float = 900.0, unshaped: bool = False, pool=None, out: str | Path | None = None,
-             data: str | Path | None = None, window: int = 8, settle: int = 3, candidates: int = 4):
+             data: str | Path | None = None, window: int = 8, settle: int = 3, candidates: int = 4,
+             budget: float = 0.05):
     """Train ``workload`` ``steps`` steps with ``strategy="auto"`` (:func:`auto`) on the ranks :func:`run` would
     use; returns (rank 0's summary: windows, commit, wall time, exploration; where)."""
     from autosync.executor.launch import START_TIMEOUT_S, RankPool
@@ -332,7 +334,9 @@ def run_auto(workload, cluster: str | Cluster | None = None, nproc: int | None =
         check_output(out, "strategy file")
     start = min(timeout, START_TIMEOUT_S)
     args = (w, batch, steps, seed)
-    knobs = (str(out) if out else None, str(data) if data else None, window, settle, candidates)
+    if not 0 < budget <= 1:
+        raise UserError(f"the exploration budget is a share of the training time in (0, 1], not {budget:g}")
+    knobs = (str(out) if out else None, str(data) if data else None, window, settle, candidates, budget)
     if pool is not None:
         return pool.run(_auto_task, *args, None, "real", *knobs, timeout=timeout)[0], \
             f"{world} ranks of this job ({pool.backend}/{pool.device})"
@@ -550,8 +554,11 @@ class AutoOptions:
     window: int = 8
     settle: int = 3
     candidates: int = 4
+    budget: float = 0.05
+    objective: str = "time-to-loss"
     data: str | Path | None = "autosync-data"
     report: Callable | None = print
+    predict: Callable | None = None
 
     @classmethod
     def build(cls, **options) -> "AutoOptions":
@@ -560,6 +567,13 @@ class AutoOptions:
         unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise UserError(f'unknown option(s) of strategy="auto": {", ".join(unknown)}')
+        objectives = ("time-to-loss", "throughput", "lossless")
+        if options.get("objective", cls.objective) not in objectives:
+            raise UserError(f'strategy="auto": objective must be one of {", ".join(objectives)}, '
+                            f'not {options["objective"]!r}')
+        if not 0 < options.get("budget", cls.budget) <= 1:
+            raise UserError(f'strategy="auto": budget is a share of the training time in (0, 1], '
+                            f'not {options["budget"]!r}')
         return cls(**options)
 
 
@@ -590,8 +604,12 @@ def auto_tuner(switcher, optimizer, options: AutoOptions, ranks_per_host: int | 
         if options.data is not None and tuner.profile is not None:
             _record_windows(tuner, DatasetStore(options.data))
 
-    return OnlineTuner(switcher, optimizer, lambda profile: _predict(profile, options.candidates, switcher.adapt),
+    import functools
+
+    predict = options.predict or functools.partial(_predict, objective=options.objective)
+    return OnlineTuner(switcher, optimizer, lambda profile: predict(profile, options.candidates, switcher.adapt),
                        window=options.window, settle=options.settle, max_candidates=options.candidates,
+                       budget=options.budget,
                        ranks_per_host=rph, cluster=spec or (lambda net: _job_cluster(net, world, rph)), env=env,
                        name=type(switcher.module).__name__, on_commit=commit, report=options.report)
 
@@ -609,7 +627,13 @@ def auto(model, optimizer, process_group=None, ranks_per_host: int | None = None
     trials) with the profile (None: none); ``cluster``, the job's shape and links as a spec when known (an
     emulated cluster: with ``network="emulated"``), by default the shape from the job (``$LOCAL_WORLD_SIZE`` ranks
     per host) and the links from the measured network; ``window`` and ``settle``, timed and untimed steps of a
-    window; ``candidates``; ``report``, where rank 0's progress lines go (None: only the log)."""
+    window; ``candidates``; ``budget``, the share of the training time candidates may lose against the best so
+    far (:mod:`autosync.search.online`); ``objective``, as ``tune``'s: ``"time-to-loss"`` (default: lossy
+    compressors admitted at the lower bound of their predicted efficiency), ``"throughput"`` or ``"lossless"``;
+    ``report``, where rank 0's progress lines go (None: only the log);
+    ``predict``, ``(profile, k, adapt) -> [(strategy, predicted speedup)]`` on rank 0 (default: the shipped cost
+    model, :func:`autosync.search.online.predict_candidates`; a benchmark passes models fitted without the
+    workload under test)."""
     import torch.distributed as dist
 
     from autosync.executor.apply import _ranks_per_host
@@ -699,16 +723,23 @@ def _job_cluster(network, world: int, rph: int) -> Cluster:
     return Cluster.parse(f"{nodes}x{rph}@{mbit}mbit" + (f",{us}us" if us else ""))
 
 
-def _predict(profile, k: int, adapt=None) -> list:
-    """:func:`autosync.search.online.predict_candidates` with the shipped models (regressor, intervals)."""
-    from autosync.models import training, uncertainty
+def _predict(profile, k: int, adapt=None, objective: str = "time-to-loss") -> list:
+    """:func:`autosync.search.online.predict_candidates` with the shipped models (regressor, intervals, and for
+    time to loss the efficiency model)."""
+    from autosync.models import training
+    from autosync.models.efficiency_model import EfficiencyModel, fit_store
     from autosync.search.online import predict_candidates
 
-    config = TuneConfig.build(measure=0, lossless=True)
+    config = TuneConfig.build(measure=0, lossless=objective == "lossless", objective=objective)
     shipped = DatasetStore(SHIPPED_DATA, create=False) if (SHIPPED_DATA / "profiles").is_dir() else None
     base = training.build(shipped) if shipped else None
-    card = uncertainty.load_card() if base is not None else None
-    return predict_candidates(profile, load_model(), base, card, config, k, adapt)
+    eff_model = None          # no interval card: the choice reads the point predictions (fitting the intervals'
+    if objective == "time-to-loss":      # fold models would take the 2 cores from the training for seconds)
+        try:
+            eff_model = fit_store(shipped) if shipped else EfficiencyModel()
+        except ValueError:
+            eff_model = EfficiencyModel()
+    return predict_candidates(profile, load_model(), base, None, config, k, adapt, eff_model)
 
 
 def sweep(everything: bool = False) -> list[str]:

@@ -123,7 +123,8 @@ def _cmd_run(args) -> int:
         summary, where = api.run_auto(args.workload, cluster=args.cluster, nproc=args.nproc,
                                       ranks_per_host=args.ranks_per_host, batch_size=args.batch_size,
                                       steps=args.steps, seed=args.seed, timeout=args.timeout,
-                                      unshaped=args.unshaped, pool=args.pool, out=args.out)
+                                      unshaped=args.unshaped, pool=args.pool, out=args.out,
+                                      budget=args.explore_budget)
         print_auto(summary, args.json, f"{args.workload} on {where}, strategy auto")
         return 0 if summary["committed"] else 1
 

@@ -37,6 +37,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--ranks-per-host", type=int, default=None,
                     help="ranks per host for host-aware plans and local SGD (default: the processes on this machine)")
+    ap.add_argument("--auto-window", type=int, default=8, help="with --strategy auto: timed steps per window")
+    ap.add_argument("--auto-budget", type=float, default=0.05,
+                    help="with --strategy auto: share of the training time candidates may lose (default 0.05)")
     ap.add_argument("--save", help="write the trained parameters here (rank 0; torch.save of the state dict)")
     args = ap.parse_args()
 
@@ -63,7 +66,9 @@ def train(args, samples, batch, world, out_dir) -> None:
     trainer = Trainer(model=model, args=targs, train_dataset=samples)
     callback = None
     if args.strategy != "ddp":
-        callback = AutosyncCallback(trainer, args.strategy, args.ranks_per_host, module="net")   # the one autosync line
+        auto = {"window": args.auto_window, "budget": args.auto_budget} if args.strategy == "auto" else None
+        callback = AutosyncCallback(trainer, args.strategy, args.ranks_per_host, module="net",
+                                    auto_options=auto)   # the one autosync line
         trainer.add_callback(callback)
     trainer.train()
     if trainer.is_world_process_zero():

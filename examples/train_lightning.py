@@ -62,6 +62,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--ranks-per-host", type=int, default=None,
                     help="ranks per host for host-aware plans and local SGD (default: the processes on this machine)")
+    ap.add_argument("--auto-window", type=int, default=8, help="with --strategy auto: timed steps per window")
+    ap.add_argument("--auto-budget", type=float, default=0.05,
+                    help="with --strategy auto: share of the training time candidates may lose (default 0.05)")
     ap.add_argument("--save", help="write the trained parameters here (rank 0; torch.save of the state dict)")
     args = ap.parse_args()
 
@@ -70,7 +73,9 @@ def main() -> None:
     else:
         from autosync.integrations.lightning import AutosyncDDPStrategy
 
-        strategy = AutosyncDDPStrategy(args.strategy, ranks_per_host=args.ranks_per_host, module="net")  # the one line
+        auto = {"window": args.auto_window, "budget": args.auto_budget} if args.strategy == "auto" else None
+        strategy = AutosyncDDPStrategy(args.strategy, ranks_per_host=args.ranks_per_host, module="net",
+                                       auto_options=auto)  # the one line
     batch = workloads.default_batch_size(args.workload)
     loader = torch.utils.data.DataLoader(Batches(args.workload, batch * args.devices * args.steps), batch_size=batch)
     trainer = pl.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=strategy, max_steps=args.steps,

@@ -88,3 +88,15 @@ def test_the_readmes_results_table_is_what_bench_summary_writes():
     assert summary.readme_block(readme) == summary.render()
     for _, _, name in summary.figures():
         assert set(summary.header(name)) == {"Command", "Commit", "Date"}
+
+
+def test_the_readme_stays_a_users_guide_and_no_page_a_user_reads_names_a_session():
+    """README is a guide under 250 lines (reference goes to docs/); history is told by dates and commits."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    assert len((root / "README.md").read_text().splitlines()) < 250
+    pages = [root / "README.md", *(root / "docs").glob("*.md"), *(root / "autosync").rglob("*.py"),
+             *(root / "autosync").rglob("*.md"), *(root / "bench").rglob("*.py"), *(root / "bench").rglob("*.md")]
+    said = [f"{p.relative_to(root)}" for p in pages if re.search(r"session [0-9]", p.read_text(), re.I)]
+    assert said == []

@@ -4,6 +4,8 @@ Lossless candidates switched to mid-training must leave the parameters where pla
 rank must switch at the same step, a candidate that fails on one rank must put every rank back on the last good
 strategy while the training goes on, and the strategy file written at the commit must load with ``apply``.
 """
+import statistics
+
 import pytest
 
 from autosync.executor.launch import RankPool
@@ -30,7 +32,20 @@ class FaultyOnRank1(NoCompression):
         return super().make_state(comm, group)
 
 
-def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False):
+class Sluggish(NoCompression):
+    """A lossless compressor that waits 0.2 s per bucket: a candidate that loses by far (one test's ranks only)."""
+
+    name = "sluggish"
+    identity = False
+
+    def run(self, comm, flat, seg, state, reduce) -> None:
+        import time
+
+        time.sleep(0.2)
+        super().run(comm, flat, seg, state, reduce)
+
+
+def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False, budget: float = 1.0):
     """Train mlp ``steps`` steps (each rank its own batches) by the DDP default, or by an online tuner that tries
     ``candidates``; the parameters, and (auto) the strategy after each step and rank 0's windows."""
     import torch
@@ -44,6 +59,7 @@ def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False):
 
     if faulty:
         plans.COMPRESSORS[FaultyOnRank1.name] = FaultyOnRank1()
+        plans.COMPRESSORS[Sluggish.name] = Sluggish()
     torch.manual_seed(0)
     model, make_batch = workloads.build("mlp", seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -52,8 +68,8 @@ def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False):
     if auto:
         m, o = SwitchableModel(model, Strategy.default(), ranks_per_host=ctx.ranks_per_host), SwitchableOptimizer(opt)
         tuner = OnlineTuner(m, opt, lambda profile: [(Strategy.from_dict(c), None) for c in candidates], window=4,
-                            settle=1, ranks_per_host=ctx.ranks_per_host, cluster=parse_cluster("2x1@1gbit"),
-                            env=environment("unshaped"))
+                            settle=1, budget=budget, ranks_per_host=ctx.ranks_per_host,
+                            cluster=parse_cluster("2x1@1gbit"), env=environment("unshaped"))
         o.on_step.append(tuner.after_step)
         o.on_step.append(lambda: trace.append(m.strategy.hash))     # after the tuner's own callback
     else:
@@ -68,6 +84,8 @@ def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False):
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
     windows = [w.as_dict() for w in tuner.windows] if tuner else []
     committed = tuner.committed.hash if tuner and tuner.committed else None
+    if tuner:
+        windows.append({"lost_s": tuner.lost_s(), "trained_s": tuner.trained_s})
     return params, trace, windows, committed
 
 
@@ -76,6 +94,7 @@ def test_switching_among_lossless_candidates_matches_plain_ddp_and_every_rank_sw
         auto = pool.run(_train, CANDIDATES, 60, True)
         plain = pool.run(_train, CANDIDATES, 60, False)
     (p0, trace0, windows, committed), (p1, trace1, _, _) = auto
+    windows.pop()
     assert trace0 == trace1, "the ranks switched at different steps"
     seen = set(trace0)
     assert {Strategy.from_dict(c).hash for c in CANDIDATES} <= seen, (windows, seen)
@@ -96,6 +115,7 @@ def test_a_candidate_that_fails_on_one_rank_reverts_every_rank_and_training_goes
         auto = pool.run(_train, [faulty, CANDIDATES[0]], 40, True, True)
         plain = pool.run(_train, [], 40, False)
     (p0, trace0, windows, committed), (p1, trace1, _, _) = auto
+    windows.pop()
     assert trace0 == trace1
     failed = [w for w in windows if w["outcome"].startswith("failed")]
     assert len(failed) == 1 and "rank 1: RuntimeError: faulty_on_rank1 cannot start on rank 1" in \
@@ -105,6 +125,31 @@ def test_a_candidate_that_fails_on_one_rank_reverts_every_rank_and_training_goes
     assert Strategy.from_dict(CANDIDATES[0]).hash in trace0, "the next candidate was not tried"
     assert committed is not None
     assert abs(p0 - plain[0][0]).max() < 1e-5
+
+
+def test_a_candidate_that_loses_spends_the_budget_and_the_incumbent_trains_until_it_is_paid_back(monkeypatch):
+    """With a 5% budget, a candidate 0.2 s a bucket slower costs its window's steps x the gap; the next candidate
+    waits (the best so far trains) until that loss is at most 5% of the training time. Broken variant: a budget
+    that is never checked tries the second candidate right after the first."""
+    from autosync import plans
+
+    monkeypatch.setitem(plans.COMPRESSORS, Sluggish.name, Sluggish())
+    slow = {"groups": [{"compressor": "sluggish"}]}
+    with RankPool(2, ranks_per_host=1) as pool:
+        (_, trace, windows, committed), _ = pool.run(_train, [slow, CANDIDATES[0]], 120, True, True, 0.05)
+    budget = windows.pop()
+    sources = [(w["source"], w["hash"]) for w in windows]
+    slow_at = next(i for i, (src, h) in enumerate(sources) if h == Strategy.from_dict(slow).hash)
+    assert windows[slow_at]["outcome"].startswith("dropped"), windows[slow_at]
+    waited = [src for src, _ in sources[slow_at + 1:]]
+    assert waited and waited[0] == "default", ("the next candidate started at once, or nothing followed", sources)
+    defaults = [w for w in windows if w["source"] == "default" and w["median_step_s"] is not None]
+    best = statistics.median(w["median_step_s"] for w in ([w for w in defaults if not w["busy"]] or defaults))
+    lost = (4 + 1) * (windows[slow_at]["median_step_s"] - best)     # timed and settling steps x the gap
+    assert lost > 0.5 and abs(budget["lost_s"] - lost) < 1e-9 + 0.01 * lost, (budget, lost)
+    # 120 steps of mlp (~40 ms here) cannot pay back 5 x 0.2 s at 5%: the second candidate is never tried, the default trains
+    assert Strategy.from_dict(CANDIDATES[0]).hash not in trace and trace[-1] == Strategy.default().hash, sources
+    assert committed is None and budget["lost_s"] > 0.05 * budget["trained_s"], budget
 
 
 def _auto(ctx, out: str, data: str, steps_after: int):
@@ -121,7 +166,7 @@ def _auto(ctx, out: str, data: str, steps_after: int):
     model, make_batch = workloads.build("mlp", seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     m, o = autosync.apply(model, opt, "auto", out=out, data=data, cluster="2x1@1gbit", network="unshaped",
-                          window=4, settle=1, report=None)
+                          window=4, settle=1, budget=1.0, report=None)
     gen = torch.Generator().manual_seed(1000 + ctx.rank)
     t0, steps = time.monotonic(), 0
     while m.autosync_tuner.committed is None and time.monotonic() - t0 < 240:
@@ -164,8 +209,8 @@ def test_auto_in_a_bare_loop_predicts_tries_commits_and_writes_a_strategy_file_a
 def test_autosync_run_strategy_auto_prints_each_window_and_the_commit(tmp_path):
     from conftest import cli
 
-    out = cli("run", "--workload", "resnet-tiny", "--nproc", "2", "--strategy", "auto", "--steps", "120", "--out",
-              str(tmp_path / "s.yaml"), cwd=tmp_path)
+    out = cli("run", "--workload", "resnet-tiny", "--nproc", "2", "--strategy", "auto", "--steps", "100", "--out",
+              str(tmp_path / "s.yaml"), "--explore-budget", "1", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "resnet-tiny on 2 local ranks (unshaped loopback), strategy auto" in out.stdout
     assert "default" in out.stdout and "committed at step" in out.stdout, out.stdout

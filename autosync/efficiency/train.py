@@ -36,7 +36,6 @@ class _CurveRun:
         import torch
 
         from autosync import workloads
-        from autosync.executor.apply import apply
         from autosync.executor.device import to_device
         from autosync.executor.recipe import data_generator, make_optimizer
 
@@ -46,7 +45,7 @@ class _CurveRun:
         self.model, self.make_batch = workloads.build(spec.workload, seed=spec.seed)
         self.model.to(self.device)
         optimizer = make_optimizer(spec.optimizer, spec.lr, self.model.parameters())
-        self.ddp, self.optimizer = apply(self.model, optimizer, self.strategy, init_sync=False)
+        self.ddp, self.optimizer = self.wrap(optimizer)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.gen = data_generator(spec.seed, ctx.rank)
         eval_gen = torch.Generator().manual_seed(EVAL_SEED)
@@ -60,10 +59,21 @@ class _CurveRun:
         self.steps, self.evals, self.train, self.train_s = [0], [], [], [0.0]
         self.limit = max(spec.horizon, spec.extend_to or 0) if spec.goal is not None else spec.horizon
 
+    def wrap(self, optimizer):
+        """The model and optimizer the steps train through: the spec's strategy applied (a subclass may train
+        another way, as a benchmark of ``strategy="auto"`` does)."""
+        from autosync.executor.apply import apply
+
+        return apply(self.model, optimizer, self.strategy, init_sync=False)
+
+    def release(self) -> None:
+        from autosync.executor.apply import release
+
+        release(self.ddp)
+
     def run(self) -> dict[str, Any]:
         import torch.distributed as dist
 
-        from autosync.executor.apply import release
         from autosync.executor.device import now
 
         try:
@@ -75,7 +85,7 @@ class _CurveRun:
             else:
                 self.train_in_steps()
         finally:
-            release(self.ddp)
+            self.release()
         signals = {k: float(statistics.fmean(v)) for k, v in self.sig.items() if v}
         return {"steps": self.steps, "eval_loss": self.evals, "train_loss": self.train, "signals": signals,
                 "wall_s": time.monotonic() - self.t0, "train_s": self.train_s}

@@ -39,7 +39,6 @@ import secrets
 import select
 import signal
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 

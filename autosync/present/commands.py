@@ -72,6 +72,8 @@ COMMANDS = {
          "tune while training --steps steps (windows of the training's own steps; prints each window and the "
          "commit)"),
         ("--out", "path", None, "with --strategy auto: write the committed strategy here"),
+        ("--explore-budget", "positive_float", 0.05, "with --strategy auto: the share of the training time "
+         "candidates may lose against the best strategy so far (default 0.05; 1 tries every candidate at once)"),
         ("--nproc", "positive_int", None, "number of local ranks (default 2)"),
         ("cluster", "run on an emulated cluster, e.g. 2x1@100mbit (world size from the spec; needs root)",
          {"required": False}),

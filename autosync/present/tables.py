@@ -67,7 +67,8 @@ def print_auto(summary: dict, as_json: bool, title: str) -> None:
     out.print(table)
     if summary["committed"]:
         out.print(f"committed at step {summary['committed_at']} of {summary['steps']} to {summary['committed']} "
-                  f"({summary['committed_hash']}); {summary['exploration_steps']} steps by candidates not chosen, "
+                  f"({summary['committed_hash']}); {summary['exploration_steps']} steps by candidates not chosen "
+                  f"({summary['lost_s']:.2f} s lost against the best), "
                   f"{summary['overhead_s']:.1f} s outside steps; {summary['wall_s']:.1f} s in all", markup=False)
     else:
         out.print(f"no commit within {summary['steps']} steps: give more --steps (each window is settle + window "

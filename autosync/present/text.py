@@ -142,7 +142,9 @@ def online_file_text(strategy, tuner) -> str:
         else tuner.name
     lines = [f"# autosync auto (measured during training): {where}",
              f"# strategy {strategy.hash}, committed at step {tuner.steps}; exploration: "
-             f"{tuner.exploration_steps()} steps by candidates not chosen, {tuner.overhead_s:.1f} s outside steps",
+             f"{tuner.exploration_steps()} steps by candidates not chosen "
+             f"({tuner.lost_s():.2f} s lost against the best), "
+             f"{tuner.overhead_s:.1f} s outside steps",
              "# windows (median step of the slowest rank, its spread; speedup over the default's):"]
     default = tuner.default_step_s()
     for w in tuner.windows:

@@ -12,18 +12,31 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    the :class:`~autosync.profiler.Profile` and starts ``propose(profile)`` in a thread. Until it answers, the
    default keeps training in further windows (their steps refine the default's figure), for at most
    ``max_wait_s``.
-2. **Candidate windows**: each proposed strategy (lossless only, and only those
-   :func:`~autosync.executor.switch.switchable`) trains ``settle + window`` steps. A window's figure is the slowest
-   rank's median step time; its spread, the slowest rank's interquartile range over that median. A candidate
-   slower than the default beyond the larger spread is dropped; a candidate that fails to build on any rank
-   reverts every rank to the last strategy and is recorded as failed with its reason.
-3. **Commit**: the fastest measured (the default unless something beat it), for the rest of the training.
+2. **Candidate windows**: each proposed strategy (only those :func:`~autosync.executor.switch.switchable`)
+   trains ``settle + window`` steps. A window's figure is the slowest rank's median step time; its spread, the
+   slowest rank's interquartile range over that median. A candidate's *effective* step time is its median over its
+   statistical efficiency: 1 for a lossless one, and for a lossy one (a compressor) the **lower bound** of the
+   efficiency model's interval, so a lossy candidate wins only if that pessimistic goodput beats the lossless
+   ones; a lossy candidate proposed without a bound is not tried, and each lossy candidate trains one window only
+   (what it does to convergence is predicted, not measured here). A candidate whose effective step is slower than
+   the default's beyond the larger spread is dropped; a candidate that fails to build on any rank reverts every
+   rank to the last strategy and is recorded as failed with its reason.
+   Between candidates the fastest strategy measured so far (the *incumbent*) trains.
+3. **Budget**: exploring costs the time candidates lose against the incumbent, each timed or settling step of a
+   candidate window counted at ``max(0, its median - the best median)``. The next candidate starts only while that
+   loss is at most ``budget`` (default 5%) of the training time observed so far; otherwise the incumbent trains
+   on until the training has grown enough to pay for it. A winning candidate costs nothing, a lossless one that
+   loses by 3% costs 3% of its window, and a candidate slower than the incumbent beyond noise is dropped after its
+   one window. The one-time profiling (the network's few seconds of collectives) is not part of the budget; it
+   is reported as ``overhead_s`` with the switches and decisions.
+4. **Commit**: the fastest measured (the default unless something beat it), for the rest of the training.
    ``on_commit(strategy, windows)`` runs on rank 0 (the API writes the strategy file there).
 
 Lossless candidates leave the math unchanged, so the parameters after N steps equal plain DDP's to rounding
 whichever candidates ran (``tests/test_online.py``). The API (:func:`autosync.api.auto_tuner`) writes the strategy
-file and appends the windows to a dataset at the commit. Not yet: lossy candidates (admitted by a predicted
-efficiency bound) and re-exploring when the step time drifts.
+file and appends the windows to a dataset at the commit. Not yet: measuring a lossy candidate's efficiency during
+the training (its online signals), lossy sync modes that wrap the optimizer (local SGD, DiLoCo), and re-exploring
+when the step time drifts.
 """
 from __future__ import annotations
 
@@ -47,20 +60,26 @@ class Window:
     """One window of training steps by one strategy."""
 
     strategy: Strategy
-    source: str                      # "default", "predicted"
+    source: str                      # "default", "predicted", "incumbent" (the best so far, between candidates)
     first_step: int
     steps_s: list[float] = field(default_factory=list)   # this rank's timed steps
     median_s: float | None = None    # the slowest rank's median step time
     spread: float = 0.0              # the slowest rank's interquartile range / median
     outcome: str = ""                # measured, dropped: ..., failed: ...
     predicted_speedup: float | None = None
+    efficiency: float = 1.0          # 1 for lossless; a lossy candidate's predicted efficiency's lower bound
     busy: bool = False               # rank 0 predicted during it (its steps shared the CPU): not a figure
 
     def as_dict(self) -> dict:
         return {"strategy": self.strategy.summary(), "hash": self.strategy.hash, "source": self.source,
                 "first_step": self.first_step, "steps": len(self.steps_s), "median_step_s": self.median_s,
                 "spread": self.spread, "outcome": self.outcome, "predicted_speedup": self.predicted_speedup,
-                "busy": self.busy}
+                "efficiency": self.efficiency, "busy": self.busy}
+
+    @property
+    def effective_s(self) -> float | None:
+        """The median step over the efficiency: seconds per lossless-equivalent step."""
+        return None if self.median_s is None else self.median_s / self.efficiency
 
 
 def _spread(xs: list[float]) -> float:
@@ -77,10 +96,15 @@ class OnlineTuner:
     step (a :class:`~autosync.executor.switch.SwitchableOptimizer`'s ``on_step``, a framework's callback)."""
 
     def __init__(self, switcher, optimizer, propose, *, window: int = 8,
-                 settle: int = 3, max_candidates: int = 4, max_wait_s: float = 600.0, ranks_per_host: int = 1,
-                 cluster=None, env: dict | None = None, name: str = "model", on_commit=None, report=None):
+                 settle: int = 3, max_candidates: int = 4, budget: float = 0.05, max_wait_s: float = 600.0,
+                 ranks_per_host: int = 1, cluster=None, env: dict | None = None, name: str = "model", on_commit=None,
+                 report=None):
         if window < 4:
             raise ValueError("window must be at least 4 steps (a median and a spread)")
+        if not 0 < budget <= 1:
+            raise ValueError("budget must be a share of the training time in (0, 1]")
+        self.budget = budget
+        self.trained_s = 0.0         # the training steps' time observed so far (this rank)
         self.model, self.propose = switcher, propose
         self.window, self.settle, self.max_candidates = window, settle, max_candidates
         self.max_wait_s, self.rph, self.cluster, self.env = max_wait_s, ranks_per_host, cluster, env or {}
@@ -90,7 +114,7 @@ class OnlineTuner:
         self.windows: list[Window] = []
         self.current = Window(switcher.strategy, "default", 0)
         self.default_hash = switcher.strategy.hash
-        self.queue: list[tuple[Strategy, float | None]] | None = None   # rank 0: candidates still to try
+        self.queue: list[tuple[Strategy, float | None, float]] | None = None   # rank 0: (candidate, speedup, eff)
         self.proposal: dict = {}                                      # rank 0: the thread's answer
         self.thread: threading.Thread | None = None
         self.committed: Strategy | None = None
@@ -106,6 +130,8 @@ class OnlineTuner:
     # --- every step -------------------------------------------------------------------------------
     def after_step(self) -> None:
         now = time.perf_counter()
+        if self._last is not None:
+            self.trained_s += now - self._last
         if self.committed is None and self._last is not None and self.steps - self.current.first_step > self.settle:
             self.current.steps_s.append(now - self._last)
         self.steps += 1
@@ -130,8 +156,19 @@ class OnlineTuner:
             dist.broadcast_object_list(action, src=0)
             kind, payload = action[0]
             if kind == "stay":
-                self.current = Window(self.model.strategy, self.current.source, self.steps,
+                source = self.current.source if self.current.source != "predicted" else "incumbent"
+                self.current = Window(self.model.strategy, source, self.steps,
                                       predicted_speedup=self.current.predicted_speedup)
+                return
+            if kind == "incumbent":
+                strategy = Strategy.from_dict(payload["strategy"])
+                if self.model.switch(strategy) is None:
+                    self.current = Window(strategy, "default" if strategy.hash == self.default_hash else "incumbent",
+                                          self.steps)
+                    self._say(f"{strategy.summary()} trains until the budget allows the next candidate "
+                              f"({payload['lost_s']:.2f} s lost of {payload['trained_s']:.1f} s trained)")
+                    return
+                self.current = Window(self.model.strategy, "incumbent", self.steps)
                 return
             if kind == "commit":
                 self._commit(Strategy.from_dict(payload["strategy"]), payload["why"])
@@ -139,8 +176,10 @@ class OnlineTuner:
             strategy = Strategy.from_dict(payload["strategy"])
             error = self.model.switch(strategy)
             if error is None:
-                self.current = Window(strategy, "predicted", self.steps, predicted_speedup=payload["predicted"])
-                self._say(f"trying {strategy.summary()} (predicted {payload['predicted'] or float('nan'):.2f}x)")
+                self.current = Window(strategy, "predicted", self.steps, predicted_speedup=payload["predicted"],
+                                      efficiency=payload["efficiency"])
+                lossy = "" if strategy.is_lossless else f", LOSSY: efficiency >= {payload['efficiency']:.2f} predicted"
+                self._say(f"trying {strategy.summary()} (predicted {payload['predicted'] or float('nan'):.2f}x{lossy})")
                 return
             failed = Window(strategy, "predicted", self.steps, outcome=f"failed: {error}",
                             predicted_speedup=payload["predicted"])
@@ -167,16 +206,42 @@ class OnlineTuner:
                 log.exception("autosync auto: predicting candidates failed")
                 self.proposal["error"] = f"{type(e).__name__}: {e}"
             self._answered = self.steps
+            self.proposal["took_s"] = time.monotonic() - self._asked
 
         self._asked = time.monotonic()
         self.thread = threading.Thread(target=run, name="autosync-auto-predict", daemon=True)
         self.thread.start()
 
     # --- rank 0's decisions -------------------------------------------------------------------------
+    def _figures(self) -> dict[str, tuple[float, Strategy]]:
+        """Each measured strategy's step time (the median of its windows' medians, leaving out those measured while
+        rank 0 predicted where there are others) and the strategy, by hash: the default and the candidates measured
+        and not dropped."""
+        by: dict[str, list[Window]] = {}
+        for w in self.windows:
+            if w.median_s is not None and (w.source in ("default", "incumbent") or w.outcome == "measured"):
+                by.setdefault(w.strategy.hash, []).append(w)
+        out = {}
+        for h, ws in by.items():
+            ws = [w for w in ws if not w.busy] or ws
+            out[h] = (statistics.median(w.effective_s for w in ws), ws[0].strategy)
+        return out
+
+    def lost_s(self) -> float:
+        """What exploring has cost so far: each candidate window's steps (timed and settling) times how much slower
+        than the best measured strategy its median was."""
+        figures = self._figures()
+        if not figures:
+            return 0.0
+        best = min(f for f, _ in figures.values())
+        return sum((len(w.steps_s) + self.settle) * max(0.0, w.effective_s - best) for w in self.windows
+                   if w.source == "predicted" and w.median_s is not None)
+
     def _default(self) -> Window:
         """The default's figure: the median of its windows' medians, leaving out those measured while rank 0
         predicted (when there is one without), and the largest of their spreads."""
-        ws = [w for w in self.windows if w.strategy.hash == self.default_hash and w.median_s is not None]
+        ws = [w for w in self.windows if w.strategy.hash == self.default_hash and w.median_s is not None
+              and w.source != "predicted"]
         ws = [w for w in ws if not w.busy] or ws
         merged = Window(ws[0].strategy, "default", ws[0].first_step, [s for w in ws for s in w.steps_s])
         merged.median_s = statistics.median(w.median_s for w in ws)
@@ -195,12 +260,14 @@ class OnlineTuner:
         default = self._default()
         if last.source == "predicted" and last.median_s is not None and not last.outcome:
             limit = default.median_s * (1 + max(default.spread, last.spread))
-            if last.median_s > limit:
-                last.outcome = f"dropped: slower than the default ({last.median_s / default.median_s:.2f}x its step)"
+            per = "" if last.efficiency == 1 else f" at efficiency >= {last.efficiency:.2f}"
+            if last.effective_s > limit:
+                last.outcome = (f"dropped: slower than the default{per} "
+                                f"({last.effective_s / default.median_s:.2f}x its step)")
             else:
                 last.outcome = "measured"
-            self._say(f"window {len(self.windows)}: {last.strategy.summary()}: {last.median_s:.4f} s/step "
-                      f"(default {default.median_s:.4f}, {default.median_s / last.median_s:.2f}x): {last.outcome}")
+            self._say(f"window {len(self.windows)}: {last.strategy.summary()}: {last.median_s:.4f} s/step{per} "
+                      f"(default {default.median_s:.4f}, {default.median_s / last.effective_s:.2f}x): {last.outcome}")
         elif last.source == "default":
             last.outcome = "measured"
         if self.queue is None:
@@ -212,22 +279,30 @@ class OnlineTuner:
                     return "commit", {"strategy": default.strategy.canonical(), "why": "the prediction took too long"}
                 return "stay", None
             self.queue, seen = [], {self.default_hash}
-            for s, p in self.proposal["candidates"]:
+            for s, p, *eff in self.proposal["candidates"]:
                 s = self.model.adapt(s)         # as the switcher would train it (a framework's DDP keeps its buckets)
-                if s.hash not in seen and s.is_lossless and switchable(s) is None:
+                e = 1.0 if s.is_lossless else (eff[0] if eff and eff[0] and eff[0] > 0 else None)
+                if s.hash not in seen and e is not None and switchable(s) is None:
                     seen.add(s.hash)
-                    self.queue.append((s, p))
+                    self.queue.append((s, p, e))
             self.queue = self.queue[:self.max_candidates]
-            self._say(f"{len(self.queue)} candidates to try: " + "; ".join(s.summary() for s, _ in self.queue))
+            self._say(f"{len(self.queue)} candidates to try (predicted in {self.proposal['took_s']:.1f} s): "
+                      + "; ".join(s.summary() for s, *_ in self.queue))
+        figures = self._figures()
+        best_s, best = min(figures.values(), key=lambda t: t[0])
         if self.queue:
-            strategy, predicted = self.queue.pop(0)
-            return "try", {"strategy": strategy.canonical(), "predicted": predicted}
-        measured = [w for w in self.windows if w.source == "predicted" and w.outcome == "measured"]
-        best = min(measured, key=lambda w: w.median_s, default=None)
-        if best is None or best.median_s >= default.median_s:
+            lost = self.lost_s()
+            if lost <= self.budget * self.trained_s:
+                strategy, predicted, efficiency = self.queue.pop(0)
+                return "try", {"strategy": strategy.canonical(), "predicted": predicted, "efficiency": efficiency}
+            if best.hash != self.model.strategy.hash:
+                return "incumbent", {"strategy": best.canonical(), "lost_s": lost, "trained_s": self.trained_s}
+            return "stay", None
+        if best.hash == self.default_hash or best_s >= default.median_s:
             return "commit", {"strategy": default.strategy.canonical(), "why": "nothing beat the default"}
-        return "commit", {"strategy": best.strategy.canonical(),
-                          "why": f"{default.median_s / best.median_s:.2f}x the default's steps/s"}
+        what = "steps/s" if best.is_lossless else "goodput at its efficiency's lower bound (LOSSY)"
+        return "commit", {"strategy": best.canonical(),
+                          "why": f"{default.median_s / best_s:.2f}x the default's {what}"}
 
     def _commit(self, strategy: Strategy, why: str) -> None:
         if strategy.hash != self.model.strategy.hash:
@@ -237,7 +312,9 @@ class OnlineTuner:
         self.committed = strategy
         if self.rank == 0:
             self._say(f"committed to {strategy.summary()} at step {self.steps}: {why}; exploration took "
-                      f"{self.exploration_steps()} of {self.steps} steps, {self.overhead_s:.1f} s outside them")
+                      f"{self.exploration_steps()} of {self.steps} steps "
+                      f"({self.lost_s():.2f} s lost against the best), "
+                      f"{self.overhead_s:.1f} s outside them")
             if self.on_commit is not None:
                 self.on_commit(strategy, self)
 
@@ -254,20 +331,26 @@ class OnlineTuner:
                 self.report(f"autosync auto: {text}")
 
 
-def predict_candidates(profile, model, base, card, config, k: int = 4, adapt=None) -> list[tuple[Strategy, float]]:
-    """The cost model's best ``k`` diverse lossless strategies that can be switched to live, with their predicted
-    speedups over the DDP default (the prediction of ``tune --measure 0`` on ``profile``, hand-crafted baselines
-    scored beside Optuna's candidates). ``adapt``: how the switcher trains a strategy (a framework's DDP keeps its
-    bucket options); the candidates are adapted, then scored again as they will train."""
+def predict_candidates(profile, model, base, card, config, k: int = 4, adapt=None,
+                       efficiency_model=None) -> list[tuple[Strategy, float, float]]:
+    """The cost model's best ``k`` diverse strategies that can be switched to live and are predicted faster than the
+    DDP default (by goodput for time to loss; any, with a ranker), as (strategy, predicted speedup
+    over the DDP default, efficiency): the prediction of ``tune --measure 0`` on ``profile``, hand-crafted baselines
+    scored beside Optuna's candidates. With ``config.lossless`` only lossless ones (efficiency 1); otherwise lossy
+    ones too, ranked by predicted goodput with ``efficiency_model`` (time-to-loss; their efficiency is the lower
+    bound of its interval) or by speed alone (throughput: efficiency 1). ``adapt``: how the switcher trains a
+    strategy (a framework's DDP keeps its bucket options); the candidates are adapted, then scored again."""
     from autosync.search.baselines import baselines
     from autosync.search.proposer import Proposer, pick_diverse, predicted_speedup
 
-    proposer = Proposer(profile, model, base, None, None, config, None, float("nan"), card)
+    eff_model = efficiency_model if config.objective == "time-to-loss" and not config.lossless else None
+    proposer = Proposer(profile, model, base, None, None, config, eff_model, float("nan"), card)
     proposer.propose(config.candidates)
-    hand = [s for s in baselines(profile).values() if s.is_lossless]
+    hand = [s for s in baselines(profile).values() if s.is_lossless or not config.lossless]
     for s, score in zip(hand, proposer.score(hand)):
         proposer.scored.setdefault(s.hash, (float(score), s))
-    ranked = [(sc, s) for sc, s in proposer.ranked() if s.is_lossless and switchable(s) is None]
+    ranked = [(sc, s) for sc, s in proposer.ranked()
+              if (s.is_lossless or not config.lossless) and switchable(s) is None]
     exclude = {Strategy.default().hash}
     if adapt is not None:
         unique: dict[str, Strategy] = {}
@@ -276,5 +359,12 @@ def predict_candidates(profile, model, base, card, config, k: int = 4, adapt=Non
             unique.setdefault(a.hash, a)
         ranked = sorted(zip(proposer.score(list(unique.values())), unique.values()), key=lambda t: -t[0])
         exclude.add(adapt(Strategy.default()).hash)
+    if model.kind == "regressor":        # the default predicts 1x: a candidate predicted slower is not worth a window
+        ranked = [(sc, s) for sc, s in ranked if predicted_speedup(proposer.model, sc) > 1.0]
     picks = pick_diverse([(float(sc), s) for sc, s in ranked], k, exclude, config.min_distance)
-    return [(s, predicted_speedup(proposer.model, sc)) for sc, s in picks]
+    strategies = [s for _, s in picks]
+    if eff_model is not None and strategies:
+        effs = [float(e) for e in eff_model.bounds(profile, strategies, float("nan"))[1]]
+    else:
+        effs = [1.0] * len(strategies)
+    return [(s, predicted_speedup(proposer.model, sc), e) for (sc, s), e in zip(picks, effs)]

@@ -1,0 +1,277 @@
+"""Tune while you train: `strategy="auto"` end to end against the DDP default and `tune` then train.
+
+Per (workload, cluster) context, on one emulated cluster and one kept-alive rank pool, every arm trains with the
+efficiency protocol's recipe (Adam at the workload's learning rate, the same weights, data order and held-out set
+per seed) until the consensus model's smoothed held-out loss reaches L* (the DDP default's reference curves' loss at
+3/4 of the efficiency horizon), once per timed seed (``--seeds``, default 1 and 2: seeds no reference curve and no
+search used):
+
+  DDP default   the lossless reference
+  auto          ``autosync.apply(model, optimizer, "auto")``: the default trains a window, the model and network are
+                profiled from it, the cost model proposes candidates (lossy compressors admitted at the lower bound of
+                their predicted efficiency), each trains a window, the best trains the rest. Its exploration (worse
+                candidates' windows, the network's collectives, switches, rank 0's prediction thread) is inside its
+                time to L*: there is no separate search.
+  tune m0       `tune --measure 0` (prediction-only profile, cost and efficiency models), then its pick trains; the
+                profile and prediction time is added (end to end)
+  tune m8       (``--arms`` with "tune m8") `tune --measure 8`, then its pick trains; its whole search is added
+
+The cost model (regressor), its intervals and the efficiency model are fitted to ``--data`` less every row of the
+workload under test, for every arm ("auto" gets them through its ``predict`` option). The references come from
+``--refs`` (default: those of bench/time_to_quality.py, where they exist). A pick that has not reached L* within
+``--cap`` times the default's time of the same seed is stopped ("never").
+
+Figures: per arm the median time to L* over the seeds and its spread ((max - min) / median); "auto e2e x" = the
+default's median / auto's; "explore" = auto's time lost to exploring (candidates' windows against the best, plus
+the time outside steps: profiling, switches, decisions), as a share of its time to L*.
+
+Resumable: each finished context is a line of ``--work``/rows.jsonl and is skipped; each finished (arm, seed)
+training of a context in progress is kept in its journal (bench/_results.Journal).
+
+    python bench/online_tuning.py [--workloads ...] [--clusters ...] [--arms ...] [--seeds 1 2]
+    python bench/online_tuning.py --table-only
+"""
+import argparse
+import functools
+import json
+import statistics
+import time
+from pathlib import Path
+
+from autosync import workloads as W
+from autosync.context import Context
+from autosync.datasets import SHIPPED_DATA
+from autosync.datasets.store import DatasetStore, safe_name
+from autosync.efficiency import CurveSpec, is_flat, smooth, target
+from autosync.efficiency.meter import EfficiencyMeter
+from autosync.executor.launch import TrialFailure
+from autosync.models import training, uncertainty
+from autosync.profiler.measure import nominal_profile
+from autosync.search.config import TuneConfig
+from autosync.search.tuner import tune
+from autosync.strategy import Strategy
+from _online import measure_auto_curve, predict_without
+from _results import RESULTS, check_inputs, Journal, load_rows, run_contexts, speedup_bars, write as write_result
+from diloco import train_to
+from time_to_quality import lowo_models
+
+WORKLOADS = ["resnet-tiny", "convnext-tiny", "bert-mini", "gpt2-tiny", "vit-tiny", "llama-tiny"]
+CLUSTERS = ["2x1@1gbit", "3x1@200mbit", "2x1@1gbit;node1=cpu:0.5"]
+ARMS = ("DDP default", "auto", "tune m0", "tune m8")
+
+
+def train_auto(pool, wl, batch, goal, meter, seed, cap_s, options):
+    """Train with ``strategy="auto"`` from ``seed`` until L*: its time, steps and what the tuner did."""
+    spec = CurveSpec(wl, Strategy.default().canonical(), batch, 2 * meter.horizon, meter.eval_every, seed, meter.lr,
+                     meter.optimizer, signals=False, stop_at=goal, max_train_s=cap_s)
+    try:
+        curve, auto = measure_auto_curve(pool, spec, options, 600.0 + 3 * (cap_s or 600.0))
+    except TrialFailure as f:
+        pool.start()
+        return {"time_s": None, "failed": f"{f.status}: {f.reason}"[:300], "steps": 0}
+    return {"time_s": curve.time_to(goal), "steps": curve.steps[-1], "trained_s": curve.train_s[-1],
+            "reached": min(smooth(curve.eval_loss)), "auto": auto}
+
+
+def run_context(pool, cluster, spec, wl, args, data, full, work, say):
+    batch = W.default_batch_size(wl)
+    row = {"workload": wl, "cluster": spec}
+    ctx = Context.on(pool, wl, batch, cluster).id
+    refs = DatasetStore(args.refs)
+    with EfficiencyMeter(refs, wl, batch, cluster.world_size, cluster.ranks_per_node, also=[data],
+                         progress=say) as meter:
+        curves = meter.references()
+        goal, start = target(curves, meter.horizon), statistics.fmean(c.eval_loss[0] for c in curves)
+        if is_flat(start, goal):
+            return dict(row, left_out=f"flat: the DDP default's held-out loss falls only {start:.4g} -> {goal:.4g}")
+        row["target_loss"] = goal
+        noise = meter.noise_scale()
+        journal = Journal(work / "contexts" / f"{safe_name(ctx)}.steps.json",
+                          {"goal": goal, "seeds": args.seeds, "cap": args.cap, "arms": args.arms})
+        base, cost_model, eff_model = lowo_models(full, data, wl, 0)
+        card = uncertainty.load_card()
+        options = {"cluster": spec, "network": "emulated", "out": None, "data": None, "report": None,
+                   "predict": functools.partial(predict_without, cost_model, eff_model, base, card,
+                                                "time-to-loss")}
+        picks = {}
+        for arm in (a for a in args.arms if a.startswith("tune")):
+            kept = journal.step(f"search {arm}", lambda a=arm: _tune(pool, cluster, wl, batch, a, args, base,
+                                                                       cost_model, eff_model, noise, card, work, ctx,
+                                                                       refs, say))
+            picks[arm] = kept
+            row[arm] = {"hash": kept["strategy_hash"], "source": kept["source"], "lossy": kept["lossy"],
+                        "search_s": kept["search_s"], "runs": {}}
+        row["DDP default"] = {"runs": {}}
+        if "auto" in args.arms:
+            row["auto"] = {"runs": {}}
+        for seed in args.seeds:
+            say(f"{wl} {spec}: training the DDP default from seed {seed} to L* = {goal:.4f}")
+            base_run = journal.step(f"train DDP default seed {seed}", lambda s=seed: train_to(
+                pool, wl, batch, Strategy.default(), goal, meter, s, None))
+            row["DDP default"]["runs"][str(seed)] = base_run
+            cap = args.cap * (base_run["time_s"] or base_run.get("trained_s") or 600.0)
+            if "auto" in args.arms:
+                say(f"{wl} {spec}: training with strategy=\"auto\" from seed {seed}")
+                row["auto"]["runs"][str(seed)] = journal.step(f"train auto seed {seed}", lambda s=seed: train_auto(
+                    pool, wl, batch, goal, meter, s, cap, options))
+            for arm, kept in picks.items():
+                strategy = Strategy.from_dict(kept["strategy"])
+                say(f"{wl} {spec}: training {arm}'s pick ({kept['source']}) from seed {seed}")
+                row[arm]["runs"][str(seed)] = journal.step(f"train {arm} seed {seed}", lambda s=strategy, sd=seed:
+                                                           train_to(pool, wl, batch, s, goal, meter, sd, cap))
+    journal.close()
+    return row
+
+
+def _tune(pool, cluster, wl, batch, arm, args, base, cost_model, eff_model, noise, card, work, ctx, refs, say):
+    """``tune --measure 0`` (prediction-only profile) or ``--measure 8`` by time to loss with the models fitted
+    without ``wl``; the pick and the search's whole time (the profile's included)."""
+    from autosync.search.collect import context_profile
+
+    n = 0 if arm == "tune m0" else 8
+    scratch = work / "contexts" / safe_name(ctx)
+    scratch.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    profile = nominal_profile(cluster, wl, batch) if n == 0 else context_profile(
+        DatasetStore(scratch / "profiles"), pool, cluster, wl, batch, say)
+    config = TuneConfig(measure=n, storage=f"sqlite:///{scratch}/{arm.replace(' ', '-')}.db",
+                        objective="time-to-loss")
+    with EfficiencyMeter(DatasetStore(work / "efficiency-tune"), wl, batch, cluster.world_size,
+                         cluster.ranks_per_node, also=[refs], progress=say) as meter:
+        if n:
+            meter.on_cluster(pool, cluster.spec())
+        result = tune(profile, cost_model, config, DatasetStore(scratch / f"trials-{arm.replace(' ', '-')}"),
+                      pool if n else None, base, workload=wl, efficiency_model=eff_model, noise_scale=noise,
+                      meter=meter if n else None, on_progress=say, intervals_card=card)
+    return {"strategy": result.strategy.canonical(), "strategy_hash": result.strategy.hash,
+            "source": result.source, "lossy": not result.strategy.is_lossless, "search_s": time.monotonic() - t0}
+
+
+def e2e(arm: dict) -> tuple[float | None, float | None]:
+    """(median over the seeds of the arm's time to L* plus its search, spread); None if a seed never reached it."""
+    times = [r.get("time_s") for r in arm["runs"].values()]
+    if not times or any(t is None for t in times):
+        return None, None
+    times = [t + arm.get("search_s", 0.0) for t in times]
+    med = statistics.median(times)
+    return med, (max(times) - min(times)) / med if med else 0.0
+
+
+def explore_share(arm: dict) -> float | None:
+    """auto's time lost to exploring over its time to L*, median over the seeds."""
+    shares = [(r["auto"]["lost_s"] + r["auto"]["overhead_s"]) / r["time_s"] for r in arm["runs"].values()
+              if r.get("time_s") and r.get("auto")]
+    return statistics.median(shares) if shares else None
+
+
+def _cell(arm: dict | None, default: dict) -> str:
+    if not arm:
+        return "-"
+    t, spread = e2e(arm)
+    d, _ = e2e(default)
+    if t is None:
+        return "FAILED" if any(r.get("failed") for r in arm["runs"].values()) else "never"
+    return f"{t:.0f} s +-{spread / 2:.0%}" + (f" ({d / t:.2f}x)" if d else "")
+
+
+def table(rows: list[dict], arms) -> list[str]:
+    lines = ['# Tune while you train: `strategy="auto"` end to end against the DDP default and tune then train', "",
+             "Median time to L* over the timed seeds, end to end (a tune arm's search added; auto's exploration is "
+             "inside its training), +- half the spread, and in parentheses the DDP default's median over it. Models "
+             "fitted without the workload under test. explore = auto's time lost to exploring (worse candidates' "
+             "windows against the best, profiling, switches, decisions) / its time to L*. LOSSY: the pick changes "
+             "the math; its time to L* includes what that costs.", "",
+             "| workload | cluster | L* | " + " | ".join(arms) + " | auto committed to | explore |",
+             "|---|---|---:|" + "---:|" * len(arms) + "---|---:|"]
+    for r in rows:
+        if "left_out" in r:
+            lines.append(f"| {r['workload']} | {r['cluster']} | left out: {r['left_out']} |" + " |" * (len(arms) + 1))
+            continue
+        commits = {run["auto"]["committed_summary"] or "(not committed)" for run in r.get("auto", {}).get(
+            "runs", {}).values() if run.get("auto")}
+        share = explore_share(r["auto"]) if "auto" in r else None
+        lines.append(f"| {r['workload']} | {r['cluster']} | {r['target_loss']:.3f} | "
+                     + " | ".join(_cell(r.get(a), r["DDP default"]) for a in arms)
+                     + f" | {'; '.join(sorted(commits))[:120] or '-'} | "
+                     + (f"{share:.1%}" if share is not None else "-") + " |")
+    done = [r for r in rows if "left_out" not in r and "auto" in r]
+    if done:
+        def x(r, a):
+            t, d = e2e(r[a])[0], e2e(r["DDP default"])[0]
+            return (d / t) if t and d else 0.0
+
+        ratios = [x(r, "auto") for r in done]
+        lines += ["", "| figure | value | contexts |", "|---|---:|---:|",
+                  f"| auto end to end / DDP default (median) | {statistics.median(ratios):.2f}x | {len(done)} |"]
+        for other in (a for a in arms if a.startswith("tune")):
+            sel = [r for r in done if other in r]
+            if sel:
+                beat = sum(x(r, "auto") >= x(r, other) for r in sel)
+                lines.append(f"| auto end to end >= {other} end to end | {beat} of {len(sel)} | {len(sel)} |")
+                lines.append(f"| {other} end to end / DDP default (median) | "
+                             f"{statistics.median([x(r, other) for r in sel]):.2f}x | {len(sel)} |")
+        shares = [s for s in (explore_share(r["auto"]) for r in done) if s is not None]
+        if shares:
+            lines.append(f"| auto's exploration / its time to L* (median; max) | {statistics.median(shares):.1%}; "
+                         f"{max(shares):.1%} | {len(shares)} |")
+        slower = []
+        for r in done:
+            (a, _), (d, sd) = e2e(r["auto"]), e2e(r["DDP default"])
+            if a is None or (d is not None and a > d * (1 + (sd or 0.0))):
+                slower.append(f"{r['workload']} {r['cluster']}")
+        lines.append(f"| auto slower than the default beyond the default's spread | {len(slower)}"
+                     f"{': ' + ', '.join(slower) if slower else ''} | {len(done)} |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=list(W.BUILTINS), metavar="WORKLOAD")
+    ap.add_argument("--clusters", nargs="+", default=CLUSTERS)
+    ap.add_argument("--arms", nargs="+", default=list(ARMS[1:]), choices=list(ARMS[1:]),
+                    help="arms beside the DDP default (default: all)")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2], help="timed seeds (default 1 2)")
+    ap.add_argument("--cap", type=float, default=2.0, help="stop a pick after this many times the default's time "
+                                                           "(default 2)")
+    ap.add_argument("--data", default=str(SHIPPED_DATA))
+    ap.add_argument("--refs", default=str(Path(__file__).parent / "work" / "time_to_quality" / "references"),
+                    help="the store of the DDP default's reference curves (measured there when missing)")
+    ap.add_argument("--work", default=str(Path(__file__).parent / "work" / "online_tuning"))
+    ap.add_argument("--out", default=str(RESULTS / "online_tuning.md"))
+    ap.add_argument("--table-only", action="store_true", help="measure nothing: the table of the finished contexts")
+    args = ap.parse_args()
+    work = check_inputs(ap, args)
+    arms = ["DDP default", *[a for a in ARMS[1:] if a in args.arms]]
+    if args.table_only:
+        finished = load_rows(work)
+        rows = [finished[(w, c)] for c in args.clusters for w in args.workloads if (w, c) in finished]
+        arms = ["DDP default", *[a for a in ARMS[1:] if any(a in r for r in rows)]]
+    else:
+        data = DatasetStore(args.data, create=False)
+        full = training.build(data)
+
+        def say(msg):
+            print(f"  {msg}", flush=True)
+
+        def show(row):
+            return f"{row['workload']} {row['cluster']}: " + ("left out" if "left_out" in row else "done") + \
+                   f" ({row.get('bench_s', 0):.0f} s)"
+
+        rows = run_contexts(args, work, set(load_rows(work)),
+                            lambda pool, cluster, spec, wl, prior: run_context(pool, cluster, spec, wl, args, data,
+                                                                               full, work, say), show)
+    lines = table(rows, arms)
+    write_result(args.out, lines)
+    print("\n".join(lines))
+    Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1, default=str))
+    done = [r for r in rows if "left_out" not in r]
+    if done:
+        speedup_bars([f"{r['workload']}\n{r['cluster']}" for r in done],
+                     {a: [(e2e(r["DDP default"])[0] or 0) / e2e(r[a])[0] if a in r and e2e(r[a])[0] else 0.0
+                          for r in done] for a in arms[1:]},
+                     "time-to-target speedup over the DDP default, end to end\n(median of seeds; 0 = never reached)",
+                     Path(args.out).with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
