@@ -23,7 +23,7 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    rank to the last strategy and is recorded as failed with its reason.
    Between candidates the fastest strategy measured so far (the *incumbent*) trains.
 3. **Budget**: exploring costs the time candidates lose against the incumbent, each timed or settling step of a
-   candidate window counted at ``max(0, its median - the best median)``. The next candidate starts only while that
+   candidate window counted at ``max(0, its median - the best's median)`` (wall-clock time). The next candidate starts only while that
    loss is at most ``budget`` (default 5%) of the training time observed so far; otherwise the incumbent trains
    on until the training has grown enough to pay for it. A winning candidate costs nothing, a lossless one that
    loses by 3% costs 3% of its window, and a candidate slower than the incumbent beyond noise is dropped after its
@@ -41,6 +41,7 @@ when the step time drifts.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import threading
 import time
@@ -228,13 +229,16 @@ class OnlineTuner:
         return out
 
     def lost_s(self) -> float:
-        """What exploring has cost so far: each candidate window's steps (timed and settling) times how much slower
-        than the best measured strategy its median was."""
+        """What exploring has cost so far in wall-clock time: each candidate window's steps (timed and settling)
+        times how much slower its median step was than the best strategy's (the best by effective step time).
+        A lossy window's cost in convergence is not counted: over one window it is small and only predicted."""
         figures = self._figures()
         if not figures:
             return 0.0
-        best = min(f for f, _ in figures.values())
-        return sum((len(w.steps_s) + self.settle) * max(0.0, w.effective_s - best) for w in self.windows
+        best = min(figures.values(), key=lambda t: t[0])[1]
+        wall = statistics.median(w.median_s for w in self.windows
+                                 if w.strategy.hash == best.hash and w.median_s is not None)
+        return sum((len(w.steps_s) + self.settle) * max(0.0, w.median_s - wall) for w in self.windows
                    if w.source == "predicted" and w.median_s is not None)
 
     def _default(self) -> Window:
@@ -337,8 +341,9 @@ def predict_candidates(profile, model, base, card, config, k: int = 4, adapt=Non
     DDP default (by goodput for time to loss; any, with a ranker), as (strategy, predicted speedup
     over the DDP default, efficiency): the prediction of ``tune --measure 0`` on ``profile``, hand-crafted baselines
     scored beside Optuna's candidates. With ``config.lossless`` only lossless ones (efficiency 1); otherwise lossy
-    ones too, ranked by predicted goodput with ``efficiency_model`` (time-to-loss; their efficiency is the lower
-    bound of its interval) or by speed alone (throughput: efficiency 1). ``adapt``: how the switcher trains a
+    ones too, with ``efficiency_model`` (time-to-loss) ranked by their predicted goodput at the lower bound of
+    their efficiency's interval (the efficiency returned; how the tuner judges them), without it (throughput) by
+    speed alone (efficiency 1); the speedup returned is that goodput. ``adapt``: how the switcher trains a
     strategy (a framework's DDP keeps its bucket options); the candidates are adapted, then scored again."""
     from autosync.search.baselines import baselines
     from autosync.search.proposer import Proposer, pick_diverse, predicted_speedup
@@ -359,12 +364,16 @@ def predict_candidates(profile, model, base, card, config, k: int = 4, adapt=Non
             unique.setdefault(a.hash, a)
         ranked = sorted(zip(proposer.score(list(unique.values())), unique.values()), key=lambda t: -t[0])
         exclude.add(adapt(Strategy.default()).hash)
+    lower = {s.hash: 1.0 for _, s in ranked}
+    lossy = [s for _, s in ranked if not s.is_lossless]
+    if eff_model is not None and lossy:   # as the tuner judges them: goodput at the efficiency's lower bound
+        eff, lo, _ = eff_model.bounds(profile, lossy, float("nan"))
+        shift = {}
+        for s, e, b in zip(lossy, eff, lo):
+            lower[s.hash] = float(b)
+            shift[s.hash] = math.log(max(float(b), 0.05) / max(float(e), 0.05))
+        ranked = sorted(((sc + shift.get(s.hash, 0.0), s) for sc, s in ranked), key=lambda t: -t[0])
     if model.kind == "regressor":        # the default predicts 1x: a candidate predicted slower is not worth a window
         ranked = [(sc, s) for sc, s in ranked if predicted_speedup(proposer.model, sc) > 1.0]
     picks = pick_diverse([(float(sc), s) for sc, s in ranked], k, exclude, config.min_distance)
-    strategies = [s for _, s in picks]
-    if eff_model is not None and strategies:
-        effs = [float(e) for e in eff_model.bounds(profile, strategies, float("nan"))[1]]
-    else:
-        effs = [1.0] * len(strategies)
-    return [(s, predicted_speedup(proposer.model, sc), e) for (sc, s), e in zip(picks, effs)]
+    return [(s, predicted_speedup(proposer.model, sc), lower[s.hash]) for sc, s in picks]
