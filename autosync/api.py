@@ -80,12 +80,13 @@ def load_model(path: str | Path | None = None, kind: str = "regressor"):
     return CostModel.load(Path(path) if path else PRETRAINED / kind)
 
 
-def run_tune(workload, cluster: Cluster, config: TuneConfig, on_measured=None, status=None, pool=None):
+def run_tune(workload, cluster: Cluster | None, config: TuneConfig, on_measured=None, status=None, pool=None):
     """Tune ``workload`` on ``cluster`` by ``config`` (:class:`~autosync.search.config.TuneConfig`); returns
     ``(TuneResult, Profile)``.
 
     ``pool``: the job's own ranks (:func:`job`, in-job mode; call on rank 0): profile, trials and efficiency runs
-    happen there instead of on the emulated ``cluster``, which then only names the job's shape and nominal links.
+    happen there instead of on the emulated ``cluster``, which then only names the job's shape and nominal links;
+    without ``cluster`` the job's own shape and its measured links name it (:func:`job_cluster`).
     Measuring an emulated cluster beyond this machine's faithful range (:mod:`autosync.executor.fidelity`) is
     refused unless ``config.beyond_range``. ``status(text)`` hears what is going on; ``on_measured(m)`` each
     measured strategy.
@@ -96,6 +97,14 @@ def run_tune(workload, cluster: Cluster, config: TuneConfig, on_measured=None, s
     from autosync.search.tuner import tune
 
     check_storage(config.storage)
+    if cluster is None:
+        if pool is None:
+            raise UserError("tune needs --cluster (or --in-job, which takes the job's own)")
+        if status:
+            status("measuring the job's links")
+        cluster = job_cluster(pool)
+        if status:
+            status(f"the job's cluster: {cluster}")
     if config.measure and pool is None and not config.unshaped:
         check_faithful(cluster, config.beyond_range, "tune")
     batch = config.batch_size or workloads.default_batch_size(workload)
@@ -711,16 +720,33 @@ def _record_windows(tuner, store: DatasetStore) -> int:
     return store.append(rows)
 
 
+#: link rates a measured job is labelled with (Mbit/s): a job's context key must not change with each measurement
+RATE_LADDER_MBIT = (10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 25_000, 40_000, 50_000, 100_000,
+                    200_000, 400_000)
+
+
 def _job_cluster(network, world: int, rph: int) -> Cluster:
     """The cluster a job's measured network describes: its shape, and the link of its first two hosts (one-way
-    point-to-point: bandwidth from the fit's slope, latency from its intercept), rounded to spec units."""
+    point-to-point bandwidth from the fit's slope), on :data:`RATE_LADDER_MBIT` (the nearest rung by ratio), so
+    that every run of the same job gets the same context key; the latency is left out of the label (it is in the
+    measured profile)."""
+    import math
+
     nodes = world // rph
     if nodes < 2:
         return Cluster.parse(f"1x{rph}@100gbit")
     fit = network.fits.get("inter", network.fits["world"])["send_recv"]
-    mbit = max(1, round(min(fit.bandwidth_bps, 100e9) / 1e6))
-    us = round(fit.alpha_s * 1e6)
-    return Cluster.parse(f"{nodes}x{rph}@{mbit}mbit" + (f",{us}us" if us else ""))
+    mbit = max(fit.bandwidth_bps, 1e6) / 1e6
+    rung = min(RATE_LADDER_MBIT, key=lambda r: abs(math.log(r / mbit)))
+    return Cluster.parse(f"{nodes}x{rph}@{rung}mbit")
+
+
+def job_cluster(pool) -> Cluster:
+    """The cluster of the job ``pool`` holds (:func:`job`): its hosts x ranks per host, and its links measured
+    (:func:`autosync.profiler.measure.profile_network`, a few seconds) and labelled as :func:`_job_cluster` says."""
+    from autosync.profiler.measure import profile_network
+
+    return _job_cluster(profile_network(pool), pool.world_size, pool.ranks_per_host)
 
 
 def _predict(profile, k: int, adapt=None, objective: str = "time-to-loss") -> list:

@@ -236,6 +236,8 @@ def _cmd_tune(args) -> int:
 
     from autosync.outputs import check_output
 
+    if args.cluster is None and not args.in_job:
+        raise UserError("tune needs --cluster (or --in-job, which takes the job's own shape and measures its links)")
     check_output(args.out, "strategy file")     # before the imports of torch and the rest (seconds)
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
     report_path = args.report or str(Path(args.out).with_suffix(".html"))

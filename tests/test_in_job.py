@@ -23,14 +23,17 @@ FAULTS = str(Path(__file__).resolve().parent / "fixtures" / "faulty.py")
 def test_a_torchrun_job_across_emulated_hosts_tunes_in_job_and_stores_a_killed_trial_as_failed_after_restart(
         tmp_path, nothing_left):
     """Rank 0 (host 0) is SIGKILLed in the job's second trial: torchrun restarts the job, the trial it died in is
-    stored as failed with its reason, the search goes on, and rank 0 writes the strategy file."""
+    stored as failed with its reason, the search goes on, and rank 0 writes the strategy file. The job gives no
+    --cluster: its shape and links are measured, to the same label before and after the restart."""
     cluster = parse_cluster("2x1@1gbit")
     workload = f"{FAULTS}:faults_in_turn"
     # rank 0's builds: the CLI's check, the profile, the DDP default's trial, then the second trial: killed there
     env = {**os.environ, "AUTOSYNC_TEST_FAULTS": str(tmp_path / "faults"), "AUTOSYNC_TEST_FAULT_RANK": "0",
            "AUTOSYNC_TEST_FAULT_ORDER": "none,none,none,kill", "TORCH_CPP_LOG_LEVEL": "ERROR",
            "TMPDIR": str(tmp_path)}   # torchrun's agent leaves a torchelastic_* log dir in $TMPDIR
-    argv = ["-m", "autosync.cli", "tune", "--in-job", "--model", workload, "--cluster", "2x1@1gbit", "--measure", "3",
+    # no --cluster: the job's own shape, its links measured and put on the rate ladder (about 0.95 gbit -> 1gbit); the
+    # restarted job must measure the same label, or the search could not resume in the same context
+    argv = ["-m", "autosync.cli", "tune", "--in-job", "--model", workload, "--measure", "3",
             "--objective", "throughput", "--confirm-rounds", "0", *FEW_CANDIDATES, "--storage", f"sqlite:///{tmp_path}/t.db",
             "--data", "d", "--out", "s.yaml", "--timeout", "30"]
     logs = [tmp_path / f"host{h}.log" for h in range(cluster.nodes)]

@@ -218,7 +218,8 @@ def test_autosync_run_strategy_auto_prints_each_window_and_the_commit(tmp_path):
 
 
 def test_auto_options_and_the_job_cluster_from_a_measured_network():
-    """An unknown option of "auto" is one line; a job's cluster is its shape and the link its fit measured."""
+    """An unknown or out-of-range option of "auto" is one line; a job's cluster is its shape and the link its fit
+    measured, on the rate ladder (so that every run of one job has one context key)."""
     from autosync import api
     from autosync.errors import UserError
     from autosync.profiler.network import Fit, NetworkProfile
@@ -227,5 +228,12 @@ def test_auto_options_and_the_job_cluster_from_a_measured_network():
         api.AutoOptions.build(window=8, bogus=1)
     fit = Fit(alpha_s=0.0105, beta_s_per_byte=8 / 950e6)        # 10.5 ms one way, 950 Mbit/s
     net = NetworkProfile(4, 2, {"world": {"send_recv": Fit(1e-4, 8 / 40e9)}, "inter": {"send_recv": fit}})
-    assert str(api._job_cluster(net, 4, 2)) == "2x2@950mbit,10500us"
+    assert str(api._job_cluster(net, 4, 2)) == "2x2@1gbit"      # the nearest rung of the ladder; latency not in the label
+    for measured, label in ((130e6, "100mbit"), (160e6, "200mbit"), (6.5e9, "5gbit"), (7.5e9, "10gbit")):
+        net.fits["inter"]["send_recv"] = Fit(alpha_s=1e-4, beta_s_per_byte=8 / measured)
+        assert str(api._job_cluster(net, 4, 2)) == f"2x2@{label}", measured
     assert str(api._job_cluster(net, 2, 2)) == "1x2@100gbit"
+    with pytest.raises(UserError, match="objective must be one of"):
+        api.AutoOptions.build(objective="fastest")
+    with pytest.raises(UserError, match=r"budget is a share of the training time in \(0, 1\]"):
+        api.AutoOptions.build(budget=0)

@@ -19,7 +19,7 @@ BEYOND = ("measure even a cluster beyond what this machine emulates faithfully (
 IN_JOB = ("run inside the distributed job this command was started in (torchrun --nnodes N --nproc-per-node G -m "
           "autosync.cli ... --in-job): measure on the job's own ranks, devices and network instead of an emulated "
           "cluster; rank 0 writes every file, the other ranks serve it; --cluster gives the job's shape (hosts x "
-          "ranks). ")
+          "ranks; tune: default the job's own, its links measured). ")
 #: options several commands share, by name: (flags, type, default, help); a command may give its own help
 SHARED = {
     "workload": (("--workload", "--model"), "str", None, "built-in workload (list: autosync workloads) or "
@@ -170,7 +170,9 @@ COMMANDS = {
         "best-predicted hand-crafted baseline), and write the fastest measured strategy. It never recommends "
         "something slower than the measured DDP default.",
         "example: autosync tune --workload bert-mini --cluster 2x1@100mbit --measure 8 --out strategy.yaml",
-        "cluster", tune_options),
+        ("cluster", "cluster spec, e.g. 2x1@1gbit; with --in-job it may be left out: the job's own hosts x ranks, "
+         "its links measured (rates labelled on a ladder: 100mbit, 200mbit, ..., 1gbit, ...)", {"required": False}),
+        tune_options),
     "bench": ("run one of the benchmarks of a source checkout (bench/*.py)",
         "Run a benchmark script from the source checkout's bench/ folder; it prints its table and writes it to "
         "bench/results/. Arguments after the name go to the script (try NAME --help).",
