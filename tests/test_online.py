@@ -45,9 +45,12 @@ class Sluggish(NoCompression):
         super().run(comm, flat, seg, state, reduce)
 
 
-def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False, budget: float = 1.0):
+def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False, budget: float = 1.0,
+           slow_from: int | None = None, drift: float = 0.25):
     """Train mlp ``steps`` steps (each rank its own batches) by the DDP default, or by an online tuner that tries
     ``candidates``; the parameters, and (auto) the strategy after each step and rank 0's windows."""
+    import time
+
     import torch
 
     from autosync import plans, workloads
@@ -68,10 +71,12 @@ def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False, budget
     if auto:
         m, o = SwitchableModel(model, Strategy.default(), ranks_per_host=ctx.ranks_per_host), SwitchableOptimizer(opt)
         tuner = OnlineTuner(m, opt, lambda profile: [(Strategy.from_dict(c), None) for c in candidates], window=4,
-                            settle=1, budget=budget, ranks_per_host=ctx.ranks_per_host,
+                            settle=1, budget=budget, drift=drift, ranks_per_host=ctx.ranks_per_host,
                             cluster=parse_cluster("2x1@1gbit"), env=environment("unshaped"))
         o.on_step.append(tuner.after_step)
         o.on_step.append(lambda: trace.append(m.strategy.hash))     # after the tuner's own callback
+        if slow_from is not None:    # rank 1's host slows down: every step from then on waits 0.15 s more
+            o.on_step.insert(0, lambda: time.sleep(0.15) if ctx.rank == 1 and len(trace) >= slow_from else None)
     else:
         m, o = apply(model, opt, Strategy.default(), init_sync=False)
     try:
@@ -150,6 +155,26 @@ def test_a_candidate_that_loses_spends_the_budget_and_the_incumbent_trains_until
     # 120 steps of mlp (~40 ms here) cannot pay back 5 x 0.2 s at 5%: the second candidate is never tried, the default trains
     assert Strategy.from_dict(CANDIDATES[0]).hash not in trace and trace[-1] == Strategy.default().hash, sources
     assert committed is None and budget["lost_s"] > 0.05 * budget["trained_s"], budget
+
+
+def test_a_host_that_slows_down_after_the_commit_opens_the_search_again_once_it_lasts():
+    """After the commit, rank 1's steps grow by 0.15 s (several times an mlp step): three watch windows in a row
+    slower than the committed figure by more than ``drift`` open the search again (the default, then the candidate
+    measured before), and the tuner commits again, every rank at the same steps. ``drift`` is 100% here, not the
+    default 25%, so that a busy machine's noise (3 test workers on 2 cores) cannot open it before the slowdown.
+    Broken variant: a drift check that never fires leaves one search only."""
+    with RankPool(2, ranks_per_host=1) as pool:
+        (_, trace0, windows, committed), (_, trace1, _, _) = pool.run(_train, CANDIDATES[:1], 100, True, False, 1.0,
+                                                                      40, 1.0)
+    windows.pop()
+    assert trace0 == trace1, "the ranks switched at different steps"
+    first = [w for w in windows if w["epoch"] == 0]
+    again = [w for w in windows if w["epoch"] == 1]
+    assert first and first[-1]["first_step"] < 40, ("the first search must commit before the slowdown", windows)
+    # watch windows of 2 x 4 steps: the first slow one may start before step 40, the third ends after 40 + 2 x 8
+    assert again and again[0]["source"] == "default" and again[0]["first_step"] > 40 + 2 * 8, windows
+    assert Strategy.from_dict(CANDIDATES[0]).hash in {w["hash"] for w in again}, windows
+    assert committed is not None and not [w for w in windows if w["epoch"] > 1], windows
 
 
 def _auto(ctx, out: str, data: str, steps_after: int):

@@ -31,6 +31,11 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    is reported as ``overhead_s`` with the switches and decisions.
 4. **Commit**: the fastest measured (the default unless something beat it), for the rest of the training.
    ``on_commit(strategy, windows)`` runs on rank 0 (the API writes the strategy file there).
+5. **Drift**: after the commit every rank keeps timing its steps (a clock read per step); every ``2 * window``
+   steps the slowest rank's median is compared with the committed strategy's figure. When it is slower by more
+   than ``drift`` (default 25%) in ``3`` such windows in a row (a host slowed down, a straggler appeared), the
+   search opens again: the default trains a window, then the candidates measured before, each once more (the
+   budget applies), and the best commits again; at most ``max_reexplore`` times (default 2) in a training.
 
 Lossless candidates leave the math unchanged, so the parameters after N steps equal plain DDP's to rounding
 whichever candidates ran (``tests/test_online.py``). The API (:func:`autosync.api.auto_tuner`) writes the strategy
@@ -70,12 +75,13 @@ class Window:
     predicted_speedup: float | None = None
     efficiency: float = 1.0          # 1 for lossless; a lossy candidate's predicted efficiency's lower bound
     busy: bool = False               # rank 0 predicted during it (its steps shared the CPU): not a figure
+    epoch: int = 0                   # how many times the search had opened again when this window ran
 
     def as_dict(self) -> dict:
         return {"strategy": self.strategy.summary(), "hash": self.strategy.hash, "source": self.source,
                 "first_step": self.first_step, "steps": len(self.steps_s), "median_step_s": self.median_s,
                 "spread": self.spread, "outcome": self.outcome, "predicted_speedup": self.predicted_speedup,
-                "efficiency": self.efficiency, "busy": self.busy}
+                "efficiency": self.efficiency, "busy": self.busy, "epoch": self.epoch}
 
     @property
     def effective_s(self) -> float | None:
@@ -98,14 +104,19 @@ class OnlineTuner:
 
     def __init__(self, switcher, optimizer, propose, *, window: int = 8,
                  settle: int = 3, max_candidates: int = 4, budget: float = 0.05, max_wait_s: float = 600.0,
-                 ranks_per_host: int = 1, cluster=None, env: dict | None = None, name: str = "model", on_commit=None,
-                 report=None):
+                 drift: float = 0.25, max_reexplore: int = 2, ranks_per_host: int = 1, cluster=None,
+                 env: dict | None = None, name: str = "model", on_commit=None, report=None):
         if window < 4:
             raise ValueError("window must be at least 4 steps (a median and a spread)")
         if not 0 < budget <= 1:
             raise ValueError("budget must be a share of the training time in (0, 1]")
-        self.budget = budget
+        self.budget, self.drift, self.max_reexplore = budget, drift, max_reexplore
         self.trained_s = 0.0         # the training steps' time observed so far (this rank)
+        self.epoch = 0               # times the search opened again after a drift
+        self.committed_s: float | None = None   # the committed strategy's step time when committed (rank 0's figure)
+        self._watch: list[float] = []           # steps timed since the commit, for drift
+        self._drifted = 0                       # watch windows in a row slower than committed_s beyond ``drift``
+        self._lost_before = 0.0                 # time lost exploring in earlier epochs
         self.model, self.propose = switcher, propose
         self.window, self.settle, self.max_candidates = window, settle, max_candidates
         self.max_wait_s, self.rph, self.cluster, self.env = max_wait_s, ranks_per_host, cluster, env or {}
@@ -114,7 +125,7 @@ class OnlineTuner:
         self.steps = 0
         self.windows: list[Window] = []
         self.current = Window(switcher.strategy, "default", 0)
-        self.default_hash = switcher.strategy.hash
+        self.default_strategy, self.default_hash = switcher.strategy, switcher.strategy.hash
         self.queue: list[tuple[Strategy, float | None, float]] | None = None   # rank 0: (candidate, speedup, eff)
         self.proposal: dict = {}                                      # rank 0: the thread's answer
         self.thread: threading.Thread | None = None
@@ -135,12 +146,44 @@ class OnlineTuner:
             self.trained_s += now - self._last
         if self.committed is None and self._last is not None and self.steps - self.current.first_step > self.settle:
             self.current.steps_s.append(now - self._last)
+        elif self.committed is not None and self._last is not None:
+            self._watch.append(now - self._last)
         self.steps += 1
         if self.committed is None and len(self.current.steps_s) >= self.window:
             t0 = time.perf_counter()
             self._end_window()
             self.overhead_s += time.perf_counter() - t0
+        elif self.committed is not None and len(self._watch) >= 2 * self.window:
+            t0 = time.perf_counter()
+            self._check_drift()
+            self.overhead_s += time.perf_counter() - t0
         self._last = time.perf_counter()
+
+    # --- after the commit: drift (collective) ------------------------------------------------------
+    def _check_drift(self) -> None:
+        figure = torch.tensor([statistics.median(self._watch)], dtype=torch.float64)
+        dist.all_reduce(figure, op=dist.ReduceOp.MAX)
+        self._watch = []
+        slow = self.committed_s is not None and float(figure[0]) > self.committed_s * (1 + self.drift)
+        self._drifted = self._drifted + 1 if slow else 0
+        if self._drifted < 3 or self.epoch >= self.max_reexplore:
+            return
+        self._say(f"the step time drifted: {float(figure[0]):.4f} s against {self.committed_s:.4f} s when "
+                  f"{self.committed.summary()} was committed, in 3 windows in a row; exploring again")
+        self._lost_before += self.lost_s()
+        measured = {}
+        for w in self.windows:
+            if w.epoch == self.epoch and w.source == "predicted" and w.outcome == "measured":
+                measured.setdefault(w.strategy.hash, (w.strategy, w.predicted_speedup, w.efficiency))
+        self.epoch += 1
+        self._drifted = 0
+        if self.rank == 0:
+            self.queue = list(measured.values())
+        self.committed = None
+        if self.model.strategy.hash != self.default_hash and self.model.switch(self.default_strategy) is not None:
+            self.current = Window(self.model.strategy, "incumbent", self.steps, epoch=self.epoch)
+            return
+        self.current = Window(self.default_strategy, "default", self.steps, epoch=self.epoch)
 
     # --- the end of a window (collective) -----------------------------------------------------------
     def _end_window(self) -> None:
@@ -159,31 +202,31 @@ class OnlineTuner:
             if kind == "stay":
                 source = self.current.source if self.current.source != "predicted" else "incumbent"
                 self.current = Window(self.model.strategy, source, self.steps,
-                                      predicted_speedup=self.current.predicted_speedup)
+                                      predicted_speedup=self.current.predicted_speedup, epoch=self.epoch)
                 return
             if kind == "incumbent":
                 strategy = Strategy.from_dict(payload["strategy"])
                 if self.model.switch(strategy) is None:
                     self.current = Window(strategy, "default" if strategy.hash == self.default_hash else "incumbent",
-                                          self.steps)
+                                          self.steps, epoch=self.epoch)
                     self._say(f"{strategy.summary()} trains until the budget allows the next candidate "
                               f"({payload['lost_s']:.2f} s lost of {payload['trained_s']:.1f} s trained)")
                     return
-                self.current = Window(self.model.strategy, "incumbent", self.steps)
+                self.current = Window(self.model.strategy, "incumbent", self.steps, epoch=self.epoch)
                 return
             if kind == "commit":
-                self._commit(Strategy.from_dict(payload["strategy"]), payload["why"])
+                self._commit(Strategy.from_dict(payload["strategy"]), payload["why"], payload.get("step_s"))
                 return
             strategy = Strategy.from_dict(payload["strategy"])
             error = self.model.switch(strategy)
             if error is None:
                 self.current = Window(strategy, "predicted", self.steps, predicted_speedup=payload["predicted"],
-                                      efficiency=payload["efficiency"])
+                                      efficiency=payload["efficiency"], epoch=self.epoch)
                 lossy = "" if strategy.is_lossless else f", LOSSY: efficiency >= {payload['efficiency']:.2f} predicted"
                 self._say(f"trying {strategy.summary()} (predicted {payload['predicted'] or float('nan'):.2f}x{lossy})")
                 return
             failed = Window(strategy, "predicted", self.steps, outcome=f"failed: {error}",
-                            predicted_speedup=payload["predicted"])
+                            predicted_speedup=payload["predicted"], epoch=self.epoch)
             self.windows.append(failed)
             self._say(f"{strategy.summary()} failed to start ({error}); staying on {self.model.strategy.summary()}")
 
@@ -220,7 +263,8 @@ class OnlineTuner:
         and not dropped."""
         by: dict[str, list[Window]] = {}
         for w in self.windows:
-            if w.median_s is not None and (w.source in ("default", "incumbent") or w.outcome == "measured"):
+            if w.epoch == self.epoch and w.median_s is not None and (w.source in ("default", "incumbent")
+                                                                     or w.outcome == "measured"):
                 by.setdefault(w.strategy.hash, []).append(w)
         out = {}
         for h, ws in by.items():
@@ -231,21 +275,22 @@ class OnlineTuner:
     def lost_s(self) -> float:
         """What exploring has cost so far in wall-clock time: each candidate window's steps (timed and settling)
         times how much slower its median step was than the best strategy's (the best by effective step time).
-        A lossy window's cost in convergence is not counted: over one window it is small and only predicted."""
+        A lossy window's cost in convergence is not counted: over one window it is small and only predicted.
+        Each search (the first, and each after a drift) against its own best."""
         figures = self._figures()
         if not figures:
-            return 0.0
+            return self._lost_before
         best = min(figures.values(), key=lambda t: t[0])[1]
-        wall = statistics.median(w.median_s for w in self.windows
-                                 if w.strategy.hash == best.hash and w.median_s is not None)
-        return sum((len(w.steps_s) + self.settle) * max(0.0, w.median_s - wall) for w in self.windows
-                   if w.source == "predicted" and w.median_s is not None)
+        live = [w for w in self.windows if w.epoch == self.epoch and w.median_s is not None]
+        wall = statistics.median(w.median_s for w in live if w.strategy.hash == best.hash)
+        return self._lost_before + sum((len(w.steps_s) + self.settle) * max(0.0, w.median_s - wall) for w in live
+                                       if w.source == "predicted")
 
     def _default(self) -> Window:
         """The default's figure: the median of its windows' medians, leaving out those measured while rank 0
         predicted (when there is one without), and the largest of their spreads."""
         ws = [w for w in self.windows if w.strategy.hash == self.default_hash and w.median_s is not None
-              and w.source != "predicted"]
+              and w.source != "predicted" and w.epoch == self.epoch]
         ws = [w for w in ws if not w.busy] or ws
         merged = Window(ws[0].strategy, "default", ws[0].first_step, [s for w in ws for s in w.steps_s])
         merged.median_s = statistics.median(w.median_s for w in ws)
@@ -276,11 +321,12 @@ class OnlineTuner:
             last.outcome = "measured"
         if self.queue is None:
             if "error" in self.proposal:
-                return "commit", {"strategy": default.strategy.canonical(),
+                return "commit", {"strategy": default.strategy.canonical(), "step_s": default.median_s,
                                   "why": f"no candidates: {self.proposal['error']}"}
             if "candidates" not in self.proposal:
                 if time.monotonic() - self._asked > self.max_wait_s:
-                    return "commit", {"strategy": default.strategy.canonical(), "why": "the prediction took too long"}
+                    return "commit", {"strategy": default.strategy.canonical(), "step_s": default.median_s,
+                                      "why": "the prediction took too long"}
                 return "stay", None
             self.queue, seen = [], {self.default_hash}
             for s, p, *eff in self.proposal["candidates"]:
@@ -303,17 +349,21 @@ class OnlineTuner:
                 return "incumbent", {"strategy": best.canonical(), "lost_s": lost, "trained_s": self.trained_s}
             return "stay", None
         if best.hash == self.default_hash or best_s >= default.median_s:
-            return "commit", {"strategy": default.strategy.canonical(), "why": "nothing beat the default"}
+            return "commit", {"strategy": default.strategy.canonical(), "why": "nothing beat the default",
+                              "step_s": default.median_s}
         what = "steps/s" if best.is_lossless else "goodput at its efficiency's lower bound (LOSSY)"
-        return "commit", {"strategy": best.canonical(),
+        wall = statistics.median(w.median_s for w in self.windows if w.epoch == self.epoch
+                                 and w.strategy.hash == best.hash and w.median_s is not None)
+        return "commit", {"strategy": best.canonical(), "step_s": wall,
                           "why": f"{default.median_s / best_s:.2f}x the default's {what}"}
 
-    def _commit(self, strategy: Strategy, why: str) -> None:
+    def _commit(self, strategy: Strategy, why: str, step_s: float | None = None) -> None:
         if strategy.hash != self.model.strategy.hash:
             error = self.model.switch(strategy)
             if error is not None:      # it built before; if it does not now, the current one stays
-                why, strategy = f"{strategy.summary()} failed to start again ({error})", self.model.strategy
-        self.committed = strategy
+                why, strategy, step_s = f"{strategy.summary()} failed to start again ({error})", \
+                    self.model.strategy, None
+        self.committed, self.committed_s, self._watch, self._drifted = strategy, step_s, [], 0
         if self.rank == 0:
             self._say(f"committed to {strategy.summary()} at step {self.steps}: {why}; exploration took "
                       f"{self.exploration_steps()} of {self.steps} steps "
