@@ -318,7 +318,8 @@ def _auto_task(ctx, workload, batch: int, steps: int, seed: int, spec: str | Non
     return {"wall_s": time.perf_counter() - t0, "steps": steps, "windows": [w.as_dict() for w in tuner.windows],
             "committed": tuner.committed.summary() if tuner.committed else None,
             "committed_hash": tuner.committed.hash if tuner.committed else None,
-            "committed_at": tuner.steps if tuner.committed else None, "default_step_s": tuner.default_step_s(),
+            "committed_at": tuner.committed_at if tuner.committed else None,
+            "default_step_s": tuner.default_step_s(),
             "exploration_steps": tuner.exploration_steps() if tuner.committed else None,
             "lost_s": tuner.lost_s(), "overhead_s": tuner.overhead_s}
 
@@ -602,14 +603,24 @@ def auto_tuner(switcher, optimizer, options: AutoOptions, ranks_per_host: int | 
         raise UserError(f"cluster {spec} has {spec.world_size} ranks; this job has {world}")
     if options.out is not None and dist.get_rank() == 0:
         check_output(options.out, "strategy file")
+        check_output(Path(options.out).with_suffix(".html"), "report")
     device = str(next(switcher.module.parameters()).device)
     env = environment(options.network, dist.get_backend(), device)
 
     def commit(strategy, tuner):
         if options.out is not None:
+            from autosync.present.report import write_report
             from autosync.present.text import online_file_text
+            from autosync.search.online import tune_result
 
             _write(options.out, lambda p: Path(p).write_text(online_file_text(strategy, tuner)))
+            if tuner.profile is not None:      # the report beside the file, as tune's; never at the training's cost
+                try:
+                    write_report(tune_result(tuner), tuner.profile, Path(options.out).with_suffix(".html"),
+                                 during_training=True)
+                except Exception as e:  # noqa: BLE001
+                    logging.getLogger("autosync").warning("autosync auto: the report was not written: %s: %s",
+                                                          type(e).__name__, e)
         if options.data is not None and tuner.profile is not None:
             _record_windows(tuner, DatasetStore(options.data))
 
@@ -756,7 +767,9 @@ def _predict(profile, k: int, adapt=None, objective: str = "time-to-loss") -> li
     from autosync.models.efficiency_model import EfficiencyModel, fit_store
     from autosync.search.online import predict_candidates
 
-    config = TuneConfig.build(measure=0, lossless=objective == "lossless", objective=objective)
+    from autosync.search.online import PROPOSALS
+
+    config = TuneConfig.build(measure=0, objective=objective, candidates=PROPOSALS)
     shipped = DatasetStore(SHIPPED_DATA, create=False) if (SHIPPED_DATA / "profiles").is_dir() else None
     base = training.build(shipped) if shipped else None
     eff_model = None          # no interval card: the choice reads the point predictions (fitting the intervals'

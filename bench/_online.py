@@ -9,9 +9,9 @@ def predict_without(cost_model, eff_model, base, card, objective, profile, k, ad
     """``strategy="auto"``'s prediction with models fitted without the workload under test (the benchmark's
     ``predict`` option: ``functools.partial(predict_without, cost_model, eff_model, base, card, objective)``)."""
     from autosync.search.config import TuneConfig
-    from autosync.search.online import predict_candidates
+    from autosync.search.online import PROPOSALS, predict_candidates
 
-    config = TuneConfig.build(measure=0, objective=objective)
+    config = TuneConfig.build(measure=0, objective=objective, candidates=PROPOSALS)
     return predict_candidates(profile, cost_model, base, card, config, k, adapt, eff_model)
 
 
@@ -39,7 +39,7 @@ class AutoCurveRun(_CurveRun):
         t = self.ddp.autosync_tuner
         out["auto"] = {"windows": [w.as_dict() for w in t.windows], "committed": t.committed.canonical()
                        if t.committed else None, "committed_summary": t.committed.summary() if t.committed else None,
-                       "committed_at": t.steps if t.committed else None, "lost_s": t.lost_s(),
+                       "committed_at": t.committed_at if t.committed else None, "lost_s": t.lost_s(),
                        "overhead_s": t.overhead_s, "trained_s": t.trained_s,
                        "exploration_steps": t.exploration_steps() if t.committed else None,
                        "default_step_s": t.default_step_s()}

@@ -69,6 +69,10 @@ def figures() -> list[tuple[str, str, str]]:
     streams = [float(r["ratio"]) for r in table("emulation_fidelity.md", "cluster", ">= 0.85")]
     sim = re.search(r"Median Spearman rho over (\d+) contexts: \*\*([0-9.]+)\*\*",
                     (RESULTS / "simulator_accuracy.md").read_text())
+    online = table("online_tuning.md", "figure")
+    auto = pick(online, figure="auto end to end / DDP default (median)")
+    auto_m0 = pick(online, figure="tune m0 end to end / DDP default (median)")
+    explore = pick(online, figure="auto's exploration / its time to L* (median; max)")
     data = re.search(r"^# Dataset statistics: (\d+) trials, (\d+) ok, (\d+) contexts",
                      (RESULTS / "datasheet_stats.md").read_text(), re.M)
     return [
@@ -82,6 +86,12 @@ def figures() -> list[tuple[str, str, str]]:
          "time_to_quality.md"),
         ("`tune --measure 8`'s pick / `tune --measure 0`'s, training only", f"{ttq['/ tune m0']}x",
          "time_to_quality.md"),
+        (f'`strategy="auto"` (tuning inside the training) end to end / the DDP default (median of '
+         f"{auto['contexts']} contexts, 2 seeds each, models without the workload)", auto["value"], "online_tuning.md"),
+        ("`tune --measure 0` then train, end to end / the DDP default (the same contexts)", auto_m0["value"],
+         "online_tuning.md"),
+        ('`strategy="auto"`: time lost to exploring / its time to the target (median; max)', explore["value"],
+         "online_tuning.md"),
         ("cost model on a held-out workload: pairs of strategies ordered right (median)",
          held["pairwise acc. (median)"], "transfer.md"),
         ("its calibrated 80% interval: share of held-out measurements inside", coverage["coverage"], "transfer.md"),

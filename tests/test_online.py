@@ -223,6 +223,8 @@ def test_auto_in_a_bare_loop_predicts_tries_commits_and_writes_a_strategy_file_a
     text = out.read_text()
     assert text.startswith("# autosync auto (measured during training): "), text[:300]
     assert "predicted" in text and h0 in text
+    report = out.with_suffix(".html").read_text()         # the report beside it, as tune writes
+    assert "autosync auto (measured during training)" in report and h0 in report, report[:500]
     assert Strategy.from_dict(__import__("yaml").safe_load(text)).hash == h0
     rows = DatasetStore(data, create=False).read(efficiency=False)
     assert set(rows.source) == {"auto"} and h0 in set(rows.strategy_hash) and Strategy.default().hash in \
@@ -234,10 +236,10 @@ def test_auto_in_a_bare_loop_predicts_tries_commits_and_writes_a_strategy_file_a
 def test_autosync_run_strategy_auto_prints_each_window_and_the_commit(tmp_path):
     from conftest import cli
 
-    out = cli("run", "--workload", "resnet-tiny", "--nproc", "2", "--strategy", "auto", "--steps", "100", "--out",
+    out = cli("run", "--workload", "mlp", "--nproc", "2", "--strategy", "auto", "--steps", "200", "--out",
               str(tmp_path / "s.yaml"), "--explore-budget", "1", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "resnet-tiny on 2 local ranks (unshaped loopback), strategy auto" in out.stdout
+    assert "mlp on 2 local ranks (unshaped loopback), strategy auto" in out.stdout
     assert "default" in out.stdout and "committed at step" in out.stdout, out.stdout
     assert (tmp_path / "s.yaml").read_text().startswith("# autosync auto (measured during training): ")
 

@@ -140,7 +140,7 @@ BAD = [
     (["--model", "json:no_fn", "--cluster", "2x1@1gbit"], "json has no function 'no_fn'"),
     (["--model", "tests/fixtures/faulty.py:no_parameters", "--cluster", "2x1@1gbit"], "no trainable parameters"),
     (["--workload", "mlp", "--model", "x:y", "--cluster", "2x1@1gbit"], "not allowed with argument"),
-    (["--workload", "mlp"], "the following arguments are required: --cluster"),
+    (["--workload", "mlp"], "tune needs --cluster (or --in-job, which takes the job's own shape and measures its links)"),
     (["--workload", "mlp", "--cluster", "2x1@1gbit", "--candidates", "0"], "--candidates: expected a positive"),
     (["--workload", "mlp", "--cluster", "2x1@1gbit", "--measure", "0", "--cost-model", "/no/such/dir"],
      "cannot read model card"),

@@ -205,12 +205,14 @@ def _plots_html(result: TuneResult, profile, store) -> list[str]:
     return parts
 
 
-def render(result: TuneResult, profile, store=None) -> str:
-    """The report's HTML (a string): context, pick, notes, the strategy, every measured strategy, plots."""
+def render(result: TuneResult, profile, store=None, during_training: bool = False) -> str:
+    """The report's HTML (a string): context, pick, notes, the strategy, every measured strategy, plots.
+    ``during_training``: the figures come from ``strategy="auto"``'s windows of a training, and say so."""
     e = html.escape
     title = f"{e(profile.model.workload)} on {e(str(profile.cluster))}"
+    heading = 'autosync auto (measured during training)' if during_training else "autosync tune"
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>autosync report: {title}</title>"
-             f"<style>{CSS}</style></head><body>", f"<h1>autosync tune: {title}</h1>",
+             f"<style>{CSS}</style></head><body>", f"<h1>{heading}: {title}</h1>",
              "<h2>Context</h2><table class='kv'>"
              + "".join(f"<tr><td><b>{e(k)}</b></td><td>{e(str(v))}</td></tr>" for k, v in _facts(result, profile))
              + "</table>",
@@ -223,16 +225,16 @@ def render(result: TuneResult, profile, store=None) -> str:
     if result.note:
         parts.append(f"<p class='note'>Note: {e(result.note)}</p>")
     parts += [f"<pre>{e(result.strategy.to_yaml())}</pre>", _measured_html(result), *_plots_html(result, profile, store),
-              "<p class='note'>Written by autosync tune.</p></body></html>"]
+              f"<p class='note'>Written by {heading}.</p></body></html>"]
     return "\n".join(p for p in parts if p)
 
 
-def write_report(result: TuneResult, profile, path: str | Path, store=None) -> Path:
+def write_report(result: TuneResult, profile, path: str | Path, store=None, during_training: bool = False) -> Path:
     """Write :func:`render` to ``path`` atomically."""
     import os
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(result, profile, store))
+    tmp.write_text(render(result, profile, store, during_training))
     os.replace(tmp, path)
     return path
