@@ -566,6 +566,7 @@ class AutoOptions:
     candidates: int = 4
     budget: float = 0.05
     objective: str = "time-to-loss"
+    zero_shot: str = "lower"
     data: str | Path | None = "autosync-data"
     report: Callable | None = print
     predict: Callable | None = None
@@ -581,6 +582,8 @@ class AutoOptions:
         if options.get("objective", cls.objective) not in objectives:
             raise UserError(f'strategy="auto": objective must be one of {", ".join(objectives)}, '
                             f'not {options["objective"]!r}')
+        if options.get("zero_shot", cls.zero_shot) not in ("lower", "point"):
+            raise UserError(f'strategy="auto": zero_shot must be lower or point, not {options["zero_shot"]!r}')
         if not 0 < options.get("budget", cls.budget) <= 1:
             raise UserError(f'strategy="auto": budget is a share of the training time in (0, 1], '
                             f'not {options["budget"]!r}')
@@ -626,7 +629,7 @@ def auto_tuner(switcher, optimizer, options: AutoOptions, ranks_per_host: int | 
 
     import functools
 
-    predict = options.predict or functools.partial(_predict, objective=options.objective)
+    predict = options.predict or functools.partial(_predict, objective=options.objective, rule=options.zero_shot)
     return OnlineTuner(switcher, optimizer, lambda profile: predict(profile, options.candidates, switcher.adapt),
                        window=options.window, settle=options.settle, max_candidates=options.candidates,
                        budget=options.budget,
@@ -650,6 +653,8 @@ def auto(model, optimizer, process_group=None, ranks_per_host: int | None = None
     window; ``candidates``; ``budget``, the share of the training time candidates may lose against the best so
     far (:mod:`autosync.search.online`); ``objective``, as ``tune``'s: ``"time-to-loss"`` (default: lossy
     compressors admitted at the lower bound of their predicted efficiency), ``"throughput"`` or ``"lossless"``;
+    ``zero_shot``, ``"lower"`` (default) or ``"point"``: a lossy candidate judged at its predicted efficiency's
+    lower bound or at its point estimate (as ``tune --measure 0 --zero-shot``);
     ``report``, where rank 0's progress lines go (None: only the log);
     ``predict``, ``(profile, k, adapt) -> [(strategy, predicted speedup)]`` on rank 0 (default: the shipped cost
     model, :func:`autosync.search.online.predict_candidates`; a benchmark passes models fitted without the
@@ -760,7 +765,7 @@ def job_cluster(pool) -> Cluster:
     return _job_cluster(profile_network(pool), pool.world_size, pool.ranks_per_host)
 
 
-def _predict(profile, k: int, adapt=None, objective: str = "time-to-loss") -> list:
+def _predict(profile, k: int, adapt=None, objective: str = "time-to-loss", rule: str = "lower") -> list:
     """:func:`autosync.search.online.predict_candidates` with the shipped models (regressor, intervals, and for
     time to loss the efficiency model)."""
     from autosync.models import training
@@ -769,7 +774,7 @@ def _predict(profile, k: int, adapt=None, objective: str = "time-to-loss") -> li
 
     from autosync.search.online import PROPOSALS
 
-    config = TuneConfig.build(measure=0, objective=objective, candidates=PROPOSALS)
+    config = TuneConfig.build(measure=0, objective=objective, candidates=PROPOSALS, zero_shot=rule)
     shipped = DatasetStore(SHIPPED_DATA, create=False) if (SHIPPED_DATA / "profiles").is_dir() else None
     base = training.build(shipped) if shipped else None
     eff_model = None          # no interval card: the choice reads the point predictions (fitting the intervals'

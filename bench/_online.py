@@ -5,13 +5,14 @@ from autosync.efficiency import Curve, CurveSpec
 from autosync.efficiency.train import _CurveRun
 
 
-def predict_without(cost_model, eff_model, base, card, objective, profile, k, adapt=None):
+def predict_without(cost_model, eff_model, base, card, objective, rule, profile, k, adapt=None):
     """``strategy="auto"``'s prediction with models fitted without the workload under test (the benchmark's
-    ``predict`` option: ``functools.partial(predict_without, cost_model, eff_model, base, card, objective)``)."""
+    ``predict`` option: ``functools.partial(predict_without, cost_model, eff_model, base, card, objective, rule)``;
+    ``rule``: how a lossy candidate's efficiency is judged, "lower" or "point")."""
     from autosync.search.config import TuneConfig
     from autosync.search.online import PROPOSALS, predict_candidates
 
-    config = TuneConfig.build(measure=0, objective=objective, candidates=PROPOSALS)
+    config = TuneConfig.build(measure=0, objective=objective, candidates=PROPOSALS, zero_shot=rule)
     return predict_candidates(profile, cost_model, base, card, config, k, adapt, eff_model)
 
 

@@ -12,6 +12,8 @@ search used):
                 their predicted efficiency), each trains a window, the best trains the rest. Its exploration (worse
                 candidates' windows, the network's collectives, switches, rank 0's prediction thread) is inside its
                 time to L*: there is no separate search.
+  auto point    the same with ``zero_shot="point"``: a lossy candidate judged at its efficiency's point estimate
+                (what tune --measure 0 picks by) instead of the lower bound
   tune m0       `tune --measure 0` (prediction-only profile, cost and efficiency models), then its pick trains; the
                 profile and prediction time is added (end to end)
   tune m8       (``--arms`` with "tune m8") `tune --measure 8`, then its pick trains; its whole search is added
@@ -57,7 +59,7 @@ from time_to_quality import lowo_models
 
 WORKLOADS = ["resnet-tiny", "convnext-tiny", "bert-mini", "gpt2-tiny", "vit-tiny", "llama-tiny"]
 CLUSTERS = ["2x1@1gbit", "3x1@200mbit", "2x1@1gbit;node1=cpu:0.5"]
-ARMS = ("DDP default", "auto", "tune m0", "tune m8")
+ARMS = ("DDP default", "auto", "auto point", "tune m0", "tune m8")
 
 
 def train_auto(pool, wl, batch, goal, meter, seed, cap_s, options):
@@ -90,9 +92,9 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say):
                           {"goal": goal, "seeds": args.seeds, "cap": args.cap, "arms": args.arms})
         base, cost_model, eff_model = lowo_models(full, data, wl, 0)
         card = uncertainty.load_card()
-        options = {"cluster": spec, "network": "emulated", "out": None, "data": None, "report": None,
-                   "predict": functools.partial(predict_without, cost_model, eff_model, base, card,
-                                                "time-to-loss")}
+        options = {rule: {"cluster": spec, "network": "emulated", "out": None, "data": None, "report": None,
+                          "predict": functools.partial(predict_without, cost_model, eff_model, base, card,
+                                                       "time-to-loss", rule)} for rule in ("lower", "point")}
         picks = {}
         for arm in (a for a in args.arms if a.startswith("tune")):
             kept = journal.step(f"search {arm}", lambda a=arm: _tune(pool, cluster, wl, batch, a, args, base,
@@ -102,18 +104,20 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say):
             row[arm] = {"hash": kept["strategy_hash"], "source": kept["source"], "lossy": kept["lossy"],
                         "search_s": kept["search_s"], "runs": {}}
         row["DDP default"] = {"runs": {}}
-        if "auto" in args.arms:
-            row["auto"] = {"runs": {}}
+        autos = {a: rule for a, rule in (("auto", "lower"), ("auto point", "point")) if a in args.arms}
+        for arm in autos:
+            row[arm] = {"runs": {}}
         for seed in args.seeds:
             say(f"{wl} {spec}: training the DDP default from seed {seed} to L* = {goal:.4f}")
             base_run = journal.step(f"train DDP default seed {seed}", lambda s=seed: train_to(
                 pool, wl, batch, Strategy.default(), goal, meter, s, None))
             row["DDP default"]["runs"][str(seed)] = base_run
             cap = args.cap * (base_run["time_s"] or base_run.get("trained_s") or 600.0)
-            if "auto" in args.arms:
-                say(f"{wl} {spec}: training with strategy=\"auto\" from seed {seed}")
-                row["auto"]["runs"][str(seed)] = journal.step(f"train auto seed {seed}", lambda s=seed: train_auto(
-                    pool, wl, batch, goal, meter, s, cap, options))
+            for arm, rule in autos.items():
+                say(f"{wl} {spec}: training with strategy=\"auto\" ({arm}) from seed {seed}")
+                row[arm]["runs"][str(seed)] = journal.step(f"train {arm} seed {seed}", lambda s=seed, r=rule:
+                                                           train_auto(pool, wl, batch, goal, meter, s, cap,
+                                                                      options[r]))
             for arm, kept in picks.items():
                 strategy = Strategy.from_dict(kept["strategy"])
                 say(f"{wl} {spec}: training {arm}'s pick ({kept['source']}) from seed {seed}")
@@ -181,14 +185,14 @@ def table(rows: list[dict], arms) -> list[str]:
              "fitted without the workload under test. explore = auto's time lost to exploring (worse candidates' "
              "windows against the best, profiling, switches, decisions) / its time to L*. LOSSY: the pick changes "
              "the math; its time to L* includes what that costs.", "",
-             "| workload | cluster | L* | " + " | ".join(arms) + " | auto committed to | explore |",
+             "| workload | cluster | L* | " + " | ".join(arms) + " | auto committed to (either rule) | explore |",
              "|---|---|---:|" + "---:|" * len(arms) + "---|---:|"]
     for r in rows:
         if "left_out" in r:
             lines.append(f"| {r['workload']} | {r['cluster']} | left out: {r['left_out']} |" + " |" * (len(arms) + 1))
             continue
-        commits = {run["auto"]["committed_summary"] or "(not committed)" for run in r.get("auto", {}).get(
-            "runs", {}).values() if run.get("auto")}
+        commits = {run["auto"]["committed_summary"] or "(not committed)" for a in ("auto", "auto point")
+                   for run in r.get(a, {}).get("runs", {}).values() if run.get("auto")}
         share = explore_share(r["auto"]) if "auto" in r else None
         lines.append(f"| {r['workload']} | {r['cluster']} | {r['target_loss']:.3f} | "
                      + " | ".join(_cell(r.get(a), r["DDP default"]) for a in arms)
@@ -203,6 +207,10 @@ def table(rows: list[dict], arms) -> list[str]:
         ratios = [x(r, "auto") for r in done]
         lines += ["", "| figure | value | contexts |", "|---|---:|---:|",
                   f"| auto end to end / DDP default (median) | {statistics.median(ratios):.2f}x | {len(done)} |"]
+        points = [r for r in done if "auto point" in r]
+        if points:
+            lines.append(f"| auto point end to end / DDP default (median) | "
+                         f"{statistics.median([x(r, 'auto point') for r in points]):.2f}x | {len(points)} |")
         for other in (a for a in arms if a.startswith("tune")):
             sel = [r for r in done if other in r]
             if sel:

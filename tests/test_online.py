@@ -96,8 +96,8 @@ def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False, budget
 
 def test_switching_among_lossless_candidates_matches_plain_ddp_and_every_rank_switches_at_the_same_step():
     with RankPool(2, ranks_per_host=1) as pool:
-        auto = pool.run(_train, CANDIDATES, 60, True)
-        plain = pool.run(_train, CANDIDATES, 60, False)
+        auto = pool.run(_train, CANDIDATES, 90, True)    # three candidates and a busy machine: commits by ~60
+        plain = pool.run(_train, CANDIDATES, 90, False)
     (p0, trace0, windows, committed), (p1, trace1, _, _) = auto
     windows.pop()
     assert trace0 == trace1, "the ranks switched at different steps"

@@ -16,8 +16,8 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    trains ``settle + window`` steps. A window's figure is the slowest rank's median step time; its spread, the
    slowest rank's interquartile range over that median. A candidate's *effective* step time is its median over its
    statistical efficiency: 1 for a lossless one, and for a lossy one (a compressor) the **lower bound** of the
-   efficiency model's interval, so a lossy candidate wins only if that pessimistic goodput beats the lossless
-   ones; a lossy candidate proposed without a bound is not tried, and each lossy candidate trains one window only
+   efficiency model's interval (or its point estimate, with ``zero_shot="point"``), so by default a lossy
+   candidate wins only if that pessimistic goodput beats the lossless ones; one proposed without it is not tried, and each lossy candidate trains one window only
    (what it does to convergence is predicted, not measured here). A candidate whose effective step is slower than
    the default's beyond the larger spread is dropped; a candidate that fails to build on any rank reverts every
    rank to the last strategy and is recorded as failed with its reason.
@@ -436,8 +436,9 @@ def predict_candidates(profile, model, base, card, config, k: int = 4, adapt=Non
     over the DDP default, efficiency): the prediction of ``tune --measure 0`` on ``profile``, hand-crafted baselines
     scored beside Optuna's candidates. With ``config.lossless`` only lossless ones (efficiency 1); otherwise lossy
     ones too, with ``efficiency_model`` (time-to-loss) ranked by their predicted goodput at the lower bound of
-    their efficiency's interval (the efficiency returned; how the tuner judges them), without it (throughput) by
-    speed alone (efficiency 1); the speedup returned is that goodput. ``adapt``: how the switcher trains a
+    their efficiency's interval (``config.zero_shot == "lower"``) or at its point estimate (``"point"``), the
+    efficiency returned (how the tuner judges them); without it (throughput) by speed alone (efficiency 1); the
+    speedup returned is that goodput. ``adapt``: how the switcher trains a
     strategy (a framework's DDP keeps its bucket options); the candidates are adapted, then scored again."""
     from autosync.search.baselines import baselines
     from autosync.search.proposer import Proposer, pick_diverse, predicted_speedup
@@ -460,12 +461,13 @@ def predict_candidates(profile, model, base, card, config, k: int = 4, adapt=Non
         exclude.add(adapt(Strategy.default()).hash)
     lower = {s.hash: 1.0 for _, s in ranked}
     lossy = [s for _, s in ranked if not s.is_lossless]
-    if eff_model is not None and lossy:   # as the tuner judges them: goodput at the efficiency's lower bound
+    if eff_model is not None and lossy:   # as the tuner judges them: goodput at the efficiency it is given
         eff, lo, _ = eff_model.bounds(profile, lossy, float("nan"))
         shift = {}
         for s, e, b in zip(lossy, eff, lo):
-            lower[s.hash] = float(b)
-            shift[s.hash] = math.log(max(float(b), 0.05) / max(float(e), 0.05))
+            judged = float(b) if config.zero_shot == "lower" else float(e)
+            lower[s.hash] = judged
+            shift[s.hash] = math.log(max(judged, 0.05) / max(float(e), 0.05))
         ranked = sorted(((sc + shift.get(s.hash, 0.0), s) for sc, s in ranked), key=lambda t: -t[0])
     if model.kind == "regressor":        # the default predicts 1x: a candidate predicted slower is not worth a window
         ranked = [(sc, s) for sc, s in ranked if predicted_speedup(proposer.model, sc) > 1.0]
