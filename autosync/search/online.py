@@ -33,7 +33,8 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    ``on_commit(strategy, windows)`` runs on rank 0 (the API writes the strategy file there).
 5. **Drift**: after the commit every rank keeps timing its steps (a clock read per step); every ``2 * window``
    steps the slowest rank's median is compared with the committed strategy's figure. When it is slower by more
-   than ``drift`` (default 25%) in ``3`` such windows in a row (a host slowed down, a straggler appeared), the
+   than ``drift`` (default 25%) or twice the committed windows' spread, whichever is larger, in ``3`` such
+   windows in a row (a host slowed down, a straggler appeared), the
    search opens again: the default trains a window, then the candidates measured before, each once more (the
    budget applies), and the best commits again; at most ``max_reexplore`` times (default 2) in a training.
 
@@ -135,6 +136,7 @@ class OnlineTuner:
         self.thread: threading.Thread | None = None
         self.committed: Strategy | None = None
         self.committed_at: int | None = None   # the step of the last commit
+        self.committed_spread = 0.0            # the committed strategy's windows' largest spread (rank 0's)
         self.overhead_s = 0.0        # time spent outside training steps: benches, switches, decisions
         self.profile = None
         self._last: float | None = None
@@ -169,7 +171,8 @@ class OnlineTuner:
         figure = torch.tensor([statistics.median(self._watch)], dtype=torch.float64)
         dist.all_reduce(figure, op=dist.ReduceOp.MAX)
         self._watch = []
-        slow = self.committed_s is not None and float(figure[0]) > self.committed_s * (1 + self.drift)
+        limit = (1 + max(self.drift, 2 * self.committed_spread)) * (self.committed_s or 0.0)
+        slow = self.committed_s is not None and float(figure[0]) > limit
         self._drifted = self._drifted + 1 if slow else 0
         if self._drifted < 3 or self.epoch >= self.max_reexplore:
             return
@@ -202,6 +205,10 @@ class OnlineTuner:
             self._start_prediction()
         while True:
             action = [self._decide() if self.rank == 0 else None]
+            if self.rank == 0 and action[0][0] == "commit":     # the committed strategy's noise, for the drift check
+                h = Strategy.from_dict(action[0][1]["strategy"]).hash
+                action[0][1]["spread"] = max((w.spread for w in self.windows if w.epoch == self.epoch
+                                              and w.strategy.hash == h and w.median_s is not None), default=0.0)
             dist.broadcast_object_list(action, src=0)
             kind, payload = action[0]
             if kind == "stay":
@@ -220,7 +227,8 @@ class OnlineTuner:
                 self.current = Window(self.model.strategy, "incumbent", self.steps, epoch=self.epoch)
                 return
             if kind == "commit":
-                self._commit(Strategy.from_dict(payload["strategy"]), payload["why"], payload.get("step_s"))
+                self._commit(Strategy.from_dict(payload["strategy"]), payload["why"], payload.get("step_s"),
+                             payload.get("spread", 0.0))
                 return
             strategy = Strategy.from_dict(payload["strategy"])
             error = self.model.switch(strategy)
@@ -362,14 +370,14 @@ class OnlineTuner:
         return "commit", {"strategy": best.canonical(), "step_s": wall,
                           "why": f"{default.median_s / best_s:.2f}x the default's {what}"}
 
-    def _commit(self, strategy: Strategy, why: str, step_s: float | None = None) -> None:
+    def _commit(self, strategy: Strategy, why: str, step_s: float | None = None, spread: float = 0.0) -> None:
         if strategy.hash != self.model.strategy.hash:
             error = self.model.switch(strategy)
             if error is not None:      # it built before; if it does not now, the current one stays
                 why, strategy, step_s = f"{strategy.summary()} failed to start again ({error})", \
                     self.model.strategy, None
         self.committed, self.committed_s, self._watch, self._drifted = strategy, step_s, [], 0
-        self.committed_at = self.steps
+        self.committed_at, self.committed_spread = self.steps, spread
         if self.rank == 0:
             self._say(f"committed to {strategy.summary()} at step {self.steps}: {why}; exploration took "
                       f"{self.exploration_steps()} of {self.steps} steps "
