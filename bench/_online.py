@@ -40,7 +40,8 @@ class AutoCurveRun(_CurveRun):
         t = self.ddp.autosync_tuner
         out["auto"] = {"windows": [w.as_dict() for w in t.windows], "committed": t.committed.canonical()
                        if t.committed else None, "committed_summary": t.committed.summary() if t.committed else None,
-                       "committed_at": t.committed_at if t.committed else None, "lost_s": t.lost_s(),
+                       "committed_at": t.committed_at if t.committed else None, "why": t.committed_why,
+                       "lost_s": t.lost_s(),
                        "overhead_s": t.overhead_s, "trained_s": t.trained_s,
                        "exploration_steps": t.exploration_steps() if t.committed else None,
                        "default_step_s": t.default_step_s()}

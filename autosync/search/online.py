@@ -137,6 +137,7 @@ class OnlineTuner:
         self.committed: Strategy | None = None
         self.committed_at: int | None = None   # the step of the last commit
         self.committed_spread = 0.0            # the committed strategy's windows' largest spread (rank 0's)
+        self.committed_why = ""                # why the last commit chose what it did
         self.overhead_s = 0.0        # time spent outside training steps: benches, switches, decisions
         self.profile = None
         self._last: float | None = None
@@ -377,7 +378,7 @@ class OnlineTuner:
                 why, strategy, step_s = f"{strategy.summary()} failed to start again ({error})", \
                     self.model.strategy, None
         self.committed, self.committed_s, self._watch, self._drifted = strategy, step_s, [], 0
-        self.committed_at, self.committed_spread = self.steps, spread
+        self.committed_at, self.committed_spread, self.committed_why = self.steps, spread, why
         if self.rank == 0:
             self._say(f"committed to {strategy.summary()} at step {self.steps}: {why}; exploration took "
                       f"{self.exploration_steps()} of {self.steps} steps "
