@@ -229,6 +229,11 @@ def table(rows: list[dict], arms) -> list[str]:
                 slower.append(f"{r['workload']} {r['cluster']}")
         lines.append(f"| auto slower than the default beyond the default's spread | {len(slower)}"
                      f"{': ' + ', '.join(slower) if slower else ''} | {len(done)} |")
+    by: dict[str, list[str]] = {}
+    for r in rows:
+        by.setdefault(r.get("measured_by", "not recorded"), []).append(f"{r['workload']} {r['cluster']}")
+    lines += ["", "Code that measured each context (commit, date the row was stored):", "",
+              *(f"- {code}: {', '.join(ctxs)}" for code, ctxs in by.items())]
     return lines
 
 

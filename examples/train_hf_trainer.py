@@ -1,6 +1,7 @@
 """Hugging Face Transformers ``Trainer`` training by a strategy file from `autosync tune`.
 
     torchrun --nproc-per-node 2 examples/train_hf_trainer.py --strategy strategy.yaml [--workload gpt2-tiny]
+    torchrun --nproc-per-node 2 examples/train_hf_trainer.py --strategy auto --steps 200   # tune while training
 
 The Trainer wraps the model in DDP itself; ``AutosyncCallback`` registers autosync's comm hook on that DDP
 when training begins, and ``training_arguments(strategy)`` passes the file's bucket options to

@@ -1,6 +1,7 @@
 """PyTorch Lightning training by a strategy file from `autosync tune`.
 
     python examples/train_lightning.py --strategy strategy.yaml --devices 2 [--workload resnet-tiny]
+    python examples/train_lightning.py --strategy auto --devices 2 --steps 200   # tune while training
 
 Where there are GPUs Lightning trains on them with NCCL (``--accelerator auto``, the default: one process per
 device), else on CPU processes with gloo; ``--accelerator cpu`` forces the CPU.
@@ -8,8 +9,9 @@ device), else on CPU processes with gloo; ``--accelerator cpu`` forces the CPU.
 The one autosync line is the Trainer's ``strategy=AutosyncDDPStrategy(...)``: Lightning wraps the model in
 DDP with the file's bucket options, autosync's comm hook runs every plan and compressor of the file, and
 local SGD's averaging runs in Lightning's post-step averaging. ``--strategy ddp`` trains with Lightning's
-plain ``DDPStrategy`` instead (the reference a lossless file must match). Prints the parameters' checksum
-and how many buckets autosync's hook synchronized.
+plain ``DDPStrategy`` instead (the reference a lossless file must match); ``--strategy auto`` tunes in windows
+of this training's steps and writes autosync-strategy.yaml (``--auto-window``, ``--auto-budget``: its options).
+Prints how many buckets autosync's hook synchronized.
 """
 import argparse
 
