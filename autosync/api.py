@@ -761,8 +761,10 @@ def job_cluster(pool) -> Cluster:
     """The cluster of the job ``pool`` holds (:func:`job`): its hosts x ranks per host, and its links measured
     (:func:`autosync.profiler.measure.profile_network`, a few seconds) and labelled as :func:`_job_cluster` says."""
     from autosync.profiler.measure import profile_network
+    from autosync.profiler.observe import LIVE_SIZES
 
-    return _job_cluster(profile_network(pool), pool.world_size, pool.ranks_per_host)
+    # the short sweep strategy="auto" runs live: only the link's rung on the ladder is read from it
+    return _job_cluster(profile_network(pool, sizes=LIVE_SIZES, max_op_s=0.1), pool.world_size, pool.ranks_per_host)
 
 
 def _predict(profile, k: int, adapt=None, objective: str = "time-to-loss", rule: str = "lower") -> list:
