@@ -187,3 +187,20 @@ def run_contexts(args, work: Path, done, measure_one, show, leave_out=None) -> l
                 row.setdefault("bench_s", time.monotonic() - t0)
                 store(row)
     return [rows[(w, c)] for c in args.clusters for w in args.workloads if (w, c) in rows]
+
+
+def say(msg: str) -> None:
+    """A benchmark's progress line."""
+    print(f"  {msg}", flush=True)
+
+
+def show_done(row: dict) -> str:
+    """A finished context's line: done or left out, and how long it took."""
+    return f"{row['workload']} {row['cluster']}: " + ("left out" if "left_out" in row else "done") + \
+        f" ({row.get('bench_s', 0):.0f} s)"
+
+
+def finished_rows(work: Path, args) -> list[dict]:
+    """The finished rows of ``args``' contexts (clusters, then workloads), from ``work``."""
+    finished = load_rows(work)
+    return [finished[(w, c)] for c in args.clusters for w in args.workloads if (w, c) in finished]

@@ -45,7 +45,8 @@ from autosync.executor.launch import TrialFailure
 from autosync.search.baselines import baselines
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.strategy import Strategy
-from _results import RESULTS, check_inputs, Journal, load_rows, run_contexts, speedup_bars, write as write_result
+from _results import (RESULTS, check_inputs, Journal, finished_rows, load_rows, run_contexts, say, show_done,
+                      speedup_bars, write as write_result)
 
 WORKLOADS = ["gpt2-tiny", "llama-tiny", "t5-tiny", "lstm-lm", "resnet-tiny"]
 CLUSTERS = ["2x1@100mbit", "3x1@200mbit", "4x1@100mbit"]
@@ -222,22 +223,14 @@ def main() -> None:
     args = ap.parse_args()
     work = check_inputs(ap, args)
     if args.table_only:
-        finished = load_rows(work)
-        rows = [finished[(w, c)] for c in args.clusters for w in args.workloads if (w, c) in finished]
+        rows = finished_rows(work, args)
     else:
         data = DatasetStore(args.data, create=False)
         settings = TrialSettings()
 
-        def say(msg):
-            print(f"  {msg}", flush=True)
-
-        def show(row):
-            return f"{row['workload']} {row['cluster']}: " + ("left out" if "left_out" in row else "done") + \
-                   f" ({row.get('bench_s', 0):.0f} s)"
-
         rows = run_contexts(args, work, set(load_rows(work)),
                             lambda pool, cluster, spec, wl, prior: run_context(pool, cluster, spec, wl, args, data,
-                                                                               work, settings, say), show)
+                                                                               work, settings, say), show_done)
     lines = table(rows)
     write_result(args.out, lines)
     print("\n".join(lines))

@@ -53,7 +53,8 @@ from autosync.search.config import TuneConfig
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
 from _online import measure_auto_curve, predict_without
-from _results import RESULTS, check_inputs, Journal, load_rows, run_contexts, speedup_bars, write as write_result
+from _results import (RESULTS, check_inputs, Journal, finished_rows, load_rows, run_contexts, say, show_done,
+                      speedup_bars, write as write_result)
 from diloco import train_to
 from time_to_quality import lowo_models
 
@@ -256,23 +257,15 @@ def main() -> None:
     work = check_inputs(ap, args)
     arms = ["DDP default", *[a for a in ARMS[1:] if a in args.arms]]
     if args.table_only:
-        finished = load_rows(work)
-        rows = [finished[(w, c)] for c in args.clusters for w in args.workloads if (w, c) in finished]
+        rows = finished_rows(work, args)
         arms = ["DDP default", *[a for a in ARMS[1:] if any(a in r for r in rows)]]
     else:
         data = DatasetStore(args.data, create=False)
         full = training.build(data)
 
-        def say(msg):
-            print(f"  {msg}", flush=True)
-
-        def show(row):
-            return f"{row['workload']} {row['cluster']}: " + ("left out" if "left_out" in row else "done") + \
-                   f" ({row.get('bench_s', 0):.0f} s)"
-
         rows = run_contexts(args, work, set(load_rows(work)),
                             lambda pool, cluster, spec, wl, prior: run_context(pool, cluster, spec, wl, args, data,
-                                                                               full, work, say), show)
+                                                                               full, work, say), show_done)
     lines = table(rows, arms)
     write_result(args.out, lines)
     print("\n".join(lines))
