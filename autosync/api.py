@@ -421,15 +421,25 @@ def check_cluster(cluster: str | Cluster, seconds: float = 0.5, compute_seconds:
 def collect(workload_names: list[str], clusters: list[str | Cluster], data: str | Path = "autosync-data",
             per_context: int = 20, timeout: float = 90.0, budget: float = 4.0, batch_size: int | None = None,
             seed: int = 0, unshaped: bool = False, progress: bool = True, pool=None,
-            beyond_range: bool = False) -> dict[str, int]:
+            beyond_range: bool = False, modes: list[str] | None = None) -> dict[str, int]:
     """Measure every baseline and ``per_context`` random strategies per (workload, cluster) into ``data``.
 
+    ``modes`` (sync mode names, e.g. ``["diloco"]``) measures only the DDP default, these modes' baselines and
+    draws of these modes: to add a new mode's trials to the contexts of an existing dataset (stored rows are
+    skipped).
     With ``pool`` (the job's ranks, from :func:`job`), measured in the job: one cluster, of the job's shape."""
     from autosync.search.collect import collect as _collect
     from autosync.search.trials import TrialSettings
 
     for name in workload_names:
         resolve_workload(name, batch_size=batch_size)
+    if modes:
+        from autosync import plans
+
+        unknown = [m for m in modes if m not in plans.SYNC_MODES]
+        if unknown:
+            raise UserError(f"--modes: unknown sync mode(s) {', '.join(map(repr, unknown))}; known: "
+                            f"{', '.join(plans.SYNC_MODES)}")
     clusters = [_cluster(c) for c in clusters]
     if pool is None and not unshaped:
         for c in clusters:
@@ -441,7 +451,7 @@ def collect(workload_names: list[str], clusters: list[str | Cluster], data: str 
     if pool is not None and len(clusters) != 1:
         raise UserError("in a job, collect measures the job's own cluster: give one --clusters spec, its shape")
     return _collect(workload_names, clusters, store, per_context, settings, batch_size, seed, progress,
-                    unshaped=unshaped, pool=pool)
+                    unshaped=unshaped, pool=pool, modes=tuple(modes) if modes else None)
 
 
 def tune(workload_or_model, make_batch: Callable | None = None, cluster: str | Cluster = "2x1@1gbit",

@@ -179,7 +179,8 @@ def _cmd_collect(args) -> int:
 
     counts = api.collect(args.workloads, args.clusters, data=args.data, per_context=args.per_context,
                          timeout=args.timeout, budget=args.budget, batch_size=args.batch_size, seed=args.seed,
-                         unshaped=args.unshaped, pool=args.pool, beyond_range=args.beyond_range)
+                         unshaped=args.unshaped, pool=args.pool, beyond_range=args.beyond_range,
+                         modes=args.modes)
     print(f"collect: {counts['ok']} ok, {counts['failed']} failed, {counts['timeout']} timed out, "
           f"{counts['skipped']} already stored -> {args.data}")
     return 0

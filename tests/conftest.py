@@ -107,7 +107,7 @@ def processes_under(path):
     return out
 
 
-def _orphaned(namespace):
+def orphaned(namespace):
     """A namespace whose creating process is gone, or is this one: a test running beside this one (pytest-xdist)
     owns live ones."""
     from autosync.executor.emulate import _NAME
@@ -130,7 +130,7 @@ def nothing_left(tmp_path):
         while processes_under(tmp_path) and time.monotonic() < deadline:  # a dying process may need a moment
             time.sleep(0.2)
         assert processes_under(tmp_path) == [], "processes of this test left running"
-        left = {n for n in set(list_namespaces()) - before if _orphaned(n)}
+        left = {n for n in set(list_namespaces()) - before if orphaned(n)}
         assert left == set(), "namespaces of this test left behind"
 
     yield check

@@ -158,3 +158,25 @@ def test_selective_islands_come_from_the_paths_and_enter_space_baselines_simulat
     points = frontier(bw5, 4e6, 1, 1e-4)
     assert [p["text"] for p in points] == ["0,1,2|3|4", "0,1,2,3|4"]
     assert points[0]["time_s"] < points[1]["time_s"] and points[0]["reach"] < points[1]["reach"]
+
+
+def test_collect_of_some_modes_keeps_the_default_their_baselines_and_draws_of_them_only():
+    """`collect --modes diloco` adds a new mode's trials to an existing dataset's contexts: the DDP default (the
+    reference the cost model ranks by), the mode's baselines, and draws whose other choices (buckets, plans,
+    compressors) vary as in the full space; draws of the whole space are unchanged by the option."""
+    from autosync.cluster import parse_cluster
+    from autosync.profiler.measure import nominal_profile
+    from autosync.search.collect import candidates_for
+
+    profile = nominal_profile(parse_cluster("2x1@100mbit"), "resnet-tiny")
+    some = candidates_for(profile, 12, 0, ("diloco",))
+    names = [n for n, _ in some]
+    assert names[:3] == ["ddp_default", "diloco", "streaming_diloco"] and names.count("random") == 12, names
+    drawn = [s for n, s in some if n == "random"]
+    assert all(s.sync.mode == "diloco" for s in drawn)
+    assert len({s.sync.period for s in drawn}) > 1 and len({s.fusion.bucket_cap_mb for s in drawn}) > 1
+    assert len({s.hash for _, s in some}) == len(some)
+    both = candidates_for(profile, 12, 0, ("diloco", "local_sgd"))
+    assert {s.sync.mode for n, s in both if n == "random"} == {"diloco", "local_sgd"}
+    whole = candidates_for(profile, 12, 0)
+    assert whole == candidates_for(profile, 12, 0) and len({s.sync.mode for n, s in whole if n == "random"}) > 2

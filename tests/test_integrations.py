@@ -110,7 +110,7 @@ def test_a_framework_tunes_while_it_trains_with_auto_and_writes_a_strategy_file(
     """``"auto"`` through the framework's own DDP: the comm hook switches among candidates at the end of steps, the
     tuner commits and rank 0 writes the file (``autosync-strategy.yaml`` in the working directory)."""
     pytest.importorskip({"lightning": "pytorch_lightning", "transformers": "transformers"}[framework])
-    _, calls = _run(tmp_path, script, "auto", "auto", launcher(), workload, 80, "--auto-window", "4",
+    _, calls = _run(tmp_path, script, "auto", "auto", launcher(), workload, 60, "--auto-window", "4",
                     "--auto-budget", "1")
     text = (tmp_path / "autosync-strategy.yaml").read_text()
     assert calls > 0 and text.startswith("# autosync auto (measured during training): "), text[:500]

@@ -113,7 +113,7 @@ def test_unreachable_storage_is_one_line_exit_2_before_any_profiling(tmp_path):
 @pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
 def test_a_tuned_strategy_runs_with_autosync_run_and_the_example_script(tmp_path, store_with_profile):
     store_with_profile(tmp_path / "d", "mlp", "2x1@10gbit")   # profiling is tested elsewhere: save its time
-    out = autosync("tune", "--workload", "mlp", "--cluster", "2x1@10gbit", "--measure", "3", "--objective", "throughput",
+    out = autosync("tune", "--workload", "mlp", "--cluster", "2x1@10gbit", "--measure", "2", "--objective", "throughput",
                    "--confirm-rounds", "0", *FEW_CANDIDATES, "--out", "s.yaml", "--data", "d", "--storage", f"sqlite:///{tmp_path}/t.db", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "recommended:" in out.stdout and (tmp_path / "s.png").exists()

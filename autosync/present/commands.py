@@ -119,6 +119,9 @@ COMMANDS = {
         ("--workloads", "str", None, "workloads, as for run", {"nargs": "+", "required": True, "metavar": "W"}),
         ("--clusters", "cluster", None, "cluster specs", {"nargs": "+", "required": True}),
         ("--per-context", "nonneg_int", 20, "random strategies per context, besides the baselines (default 20)"),
+        ("--modes", "str", None, "only these sync modes (e.g. diloco): the DDP default, their baselines and "
+         "--per-context draws of them; adds a new mode's trials to an existing dataset's contexts (default: the "
+         "whole space)", {"nargs": "+", "metavar": "MODE"}),
         "data", "batch-size", ("--timeout", "positive_float", 90.0, "time limit of each trial (default 90 s)"),
         ("--budget", "positive_float", 4.0, "about how long the timed steps of one trial may take (default 4 s; at "
          "least 3 steps)"), ("seed", "seed of the random draws (default 0)"), "unshaped", "beyond-range",

@@ -2,7 +2,8 @@
 
 Per (workload, cluster) context: bring the emulated cluster up once, profile once (or
 reuse the stored profile), then measure every baseline and ``per_context`` strategies
-drawn at random from the full space, on ranks kept alive across the trials. The random
+drawn at random from the full space (or from some sync modes only: a new mode's trials for
+an existing dataset), on ranks kept alive across the trials. The random
 draws are seeded by the context, so an interrupted campaign, started again, draws the
 same strategies and skips those already stored.
 """
@@ -31,11 +32,17 @@ def context_seed(context_id: str, seed: int) -> int:
     return int(hashlib.sha256(f"{context_id}|{seed}".encode()).hexdigest()[:8], 16)
 
 
-def candidates_for(profile: Profile, per_context: int, seed: int) -> list[tuple[str, Strategy]]:
-    """Baselines first (the DDP default leads), then the context's random draws."""
-    out = list(baselines(profile).items())
+def candidates_for(profile: Profile, per_context: int, seed: int,
+                   modes: tuple[str, ...] | None = None) -> list[tuple[str, Strategy]]:
+    """Baselines first (the DDP default leads), then the context's random draws.
+
+    ``modes`` (sync mode names) keeps the DDP default, the baselines of these modes and draws of these modes only
+    (seeded apart from the full space's draws): new modes' trials for the contexts of an existing dataset."""
+    out = [(name, s) for name, s in baselines(profile).items()
+           if not modes or name == "ddp_default" or s.sync.mode in modes]
     known = {s.hash for _, s in out}
-    for s in random_strategies(profile, per_context + len(out), context_seed(profile.context_id, seed)):
+    context = profile.context_id if not modes else f"{profile.context_id}|{','.join(modes)}"
+    for s in random_strategies(profile, per_context + len(out), context_seed(context, seed), modes=modes):
         if s.hash not in known and len(out) < len(known) + per_context:
             out.append(("random", s))
     return out[:len(known) + per_context]
@@ -43,9 +50,11 @@ def candidates_for(profile: Profile, per_context: int, seed: int) -> list[tuple[
 
 def collect(workloads: list[str], clusters: list[Cluster], store: DatasetStore, per_context: int,
             settings: TrialSettings = TrialSettings(), batch_size: int | None = None, seed: int = 0,
-            progress: bool = True, unshaped: bool = False, pool=None) -> dict[str, int]:
+            progress: bool = True, unshaped: bool = False, pool=None,
+            modes: tuple[str, ...] | None = None) -> dict[str, int]:
     """Run the campaign; returns counts of trials by status (skipped = already stored).
 
+    ``modes`` restricts the baselines and draws to these sync modes (:func:`candidates_for`).
     ``unshaped`` measures on local loopback instead of the emulated cluster (only when asked:
     without the rights to emulate it refuses); those rows carry an unshaped context id.
     ``pool``, the job's own ranks, replaces the emulated cluster (in-job mode).
@@ -63,7 +72,7 @@ def collect(workloads: list[str], clusters: list[Cluster], store: DatasetStore, 
                     profile = context_profile(store, ranks, cluster, workload, batch_size)
                     if getattr(ranks, "in_job", False):   # in a job: a trial the last run died in is stored as failed
                         Journal(store).recover(profile)
-                    cands = candidates_for(profile, per_context, seed)
+                    cands = candidates_for(profile, per_context, seed, modes)
                     bar.update(total, total=bar.tasks[total].total + len(cands) - guess)
                     bar.update(total, description=f"{workload} on {cluster}")
 

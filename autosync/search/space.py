@@ -79,16 +79,23 @@ def suggest(trial: optuna.trial.BaseTrial, profile: Profile, lossless: bool = Fa
     return Strategy.from_dict(raw)
 
 
-def random_strategies(profile: Profile, n: int, seed: int, lossless: bool = False) -> list[Strategy]:
-    """``n`` distinct strategies drawn at random from the space (Optuna's RandomSampler), reproducibly."""
+def random_strategies(profile: Profile, n: int, seed: int, lossless: bool = False,
+                      modes: tuple[str, ...] | None = None) -> list[Strategy]:
+    """``n`` distinct strategies drawn at random from the space (Optuna's RandomSampler), reproducibly.
+
+    ``modes`` keeps only strategies of these sync modes: each draw fixes its sync mode (taking the modes in turn)
+    and draws the rest as usual, so the other choices keep the space's distribution."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     out: dict[str, Strategy] = {}
-    for _ in range(n * 20):
+    for i in range(n * 20):
         if len(out) >= n:
             break
+        if modes:
+            study.enqueue_trial({"sync_mode": modes[i % len(modes)]})
         trial = study.ask()
         strategy = suggest(trial, profile, lossless)
         study.tell(trial, 0.0)
-        out.setdefault(strategy.hash, strategy)
+        if not modes or strategy.sync.mode in modes:
+            out.setdefault(strategy.hash, strategy)
     return list(out.values())

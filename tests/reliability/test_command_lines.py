@@ -51,6 +51,8 @@ CASES = [
     (["collect", "--workloads", "nope", "--clusters", "2x1@1gbit"], "unknown workload 'nope'"),
     (["collect", "--workloads", "mlp", "--clusters", "2x1@1gbit", "--budget", "0"], "--budget: expected a positive"),
     (["collect", "--workloads", "mlp", "--clusters", "2x1@1gbit;node5=1mbit"], "node5 does not exist"),
+    (["collect", "--workloads", "mlp", "--clusters", "2x1@1gbit", "--modes", "diloco", "dilocco"],
+     "--modes: unknown sync mode(s) 'dilocco'; known: bsp"),
     # train
     (["train", "--data", "/no/such/dir"], "no dataset here"),
     (["train", "--kind", "forest"], "invalid choice: 'forest'"),

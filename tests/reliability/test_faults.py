@@ -34,7 +34,7 @@ def _wait(predicate, limit=120.0):
 @pytest.mark.parametrize("command", ["tune"])   # collect measures through the same measure_strategy (36 s saved)
 def test_a_killed_a_hung_and_an_aborted_rank_are_recorded_and_the_run_goes_on(command, tmp_path, nothing_left):
     """Rank 1 is SIGKILLed in the first trial, hangs in the second, aborts in the third (faulty.py)."""
-    workload, cluster, limit = f"{FAULTS}:faults_in_turn", parse_cluster("2x1@10gbit"), 12
+    workload, cluster, limit = f"{FAULTS}:faults_in_turn", parse_cluster("2x1@10gbit"), 20
     store = DatasetStore(tmp_path / "d")
     profile = nominal_profile(cluster, workload)  # stored as the emulated one, so the command starts measuring at once
     profile.env["network"] = "emulated"
