@@ -133,3 +133,16 @@ def test_help_and_bad_flags_answer_without_importing_torch():
             "print(sorted(m for m in ('torch', 'pandas', 'optuna', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)
+    # and every command's --help renders (argparse formats each help with %: a bare "15%" once broke one)
+    import argparse
+
+    from autosync.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert len(commands) > 5
+    for name, sub in commands.items():
+        assert "usage: autosync" in sub.format_help(), name
+        for nested in (a for a in sub._actions if isinstance(a, argparse._SubParsersAction)):
+            for inner in nested.choices.values():
+                assert "usage: autosync" in inner.format_help(), name

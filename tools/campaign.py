@@ -1,6 +1,7 @@
 """Dataset v2's collection campaign: which contexts, in which order, how many trials. It resumes.
 
-    python tools/campaign.py [--data DIR] [--latency] [--stop-after MINUTES] [--passes 1 2 3] [--dry-run | --status]
+    python tools/campaign.py [--data DIR] [--latency | --diloco] [--stop-after MINUTES] [--passes 1 2 3]
+                             [--dry-run | --status]
 
 Contexts: every built-in workload (:data:`autosync.workloads.BUILTINS`) on every cluster of
 :data:`CLUSTERS`, less those already in the shipped dataset (v1) and those :func:`too_slow` for this
@@ -41,6 +42,12 @@ CLUSTERS = [
 LATENCY_CLUSTERS = ["2x1@1gbit,10ms", "2x1@100mbit,50ms", "4x1@500mbit,25ms"]
 LATENCY_WORKLOADS = ["resnet-tiny", "convnext-tiny", "lstm-lm", "t5-tiny"]
 LATENCY_DATA = V2_DATA.parent / "latency"
+# The low-communication subset (``--diloco``): trials of the ``diloco`` sync mode (DiLoCo, streaming, compressed
+# outer gradients; local SGD's averaging is its outer lr 1, momentum 0) in contexts the shipped dataset holds, on the
+# slow links where it matters, collected into the shipped dataset itself (its stored profiles: the same features):
+# the DDP default (stored already), the mode's two baselines and DILOCO_PER_CONTEXT draws of the mode per context.
+DILOCO_CLUSTERS = ["2x1@100mbit", "3x1@200mbit"]
+DILOCO_PER_CONTEXT = (6, 12)
 PASSES = (4, 10, 20)
 MAX_DEFAULT_COMM_S = 6.0
 
@@ -93,6 +100,27 @@ def plan(shipped_ids: set[str], clusters: list[str] | None = None, names: list[s
         if names_here:
             order.append((spec, names_here))
     return order, skipped
+
+
+def diloco_plan(shipped) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """(cluster, workloads) of the low-communication subset: every built-in workload on DILOCO_CLUSTERS where
+    ``shipped`` (the shipped dataset's trials) holds its context, and a workload that has neither there on its
+    len(DILOCO_CLUSTERS) slowest clusters there instead; and what is left out with why."""
+    from autosync import workloads
+
+    order: dict[str, list[str]] = {spec: [] for spec in DILOCO_CLUSTERS}
+    skipped = []
+    for name in workloads.BUILTINS:
+        rows = shipped[shipped.workload == name]
+        here = [spec for spec in DILOCO_CLUSTERS if spec in set(rows.cluster)]
+        if not here:
+            slowest = rows.groupby("cluster").bandwidth_bps.first().sort_values(kind="stable")
+            here = list(slowest.index[:len(DILOCO_CLUSTERS)])
+            skipped.append(f"{name}: not on {' or '.join(DILOCO_CLUSTERS)} in the shipped dataset; on its slowest "
+                           f"clusters there instead ({', '.join(here)})")
+        for spec in here:
+            order.setdefault(spec, []).append(name)
+    return [(spec, names) for spec, names in order.items() if names], skipped
 
 
 def status(store, log: Path, planned: int) -> list[str]:
@@ -150,30 +178,42 @@ def main(argv: list[str] | None = None) -> int:
                     help="dataset folder (default: autosync/datasets/v2; with --latency, autosync/datasets/latency)")
     ap.add_argument("--latency", action="store_true",
                     help=f"the latency subset: {', '.join(LATENCY_WORKLOADS)} on {', '.join(LATENCY_CLUSTERS)}")
-    ap.add_argument("--passes", type=int, nargs="+", default=list(range(1, len(PASSES) + 1)),
-                    choices=range(1, len(PASSES) + 1), metavar="N",
-                    help=f"which passes to run (random strategies per context: {PASSES})")
+    ap.add_argument("--diloco", action="store_true",
+                    help=f"the low-communication subset: draws of the diloco sync mode on {', '.join(DILOCO_CLUSTERS)} "
+                    "for every workload the shipped dataset holds there, into the shipped dataset (default --data)")
+    ap.add_argument("--passes", type=int, nargs="+", default=None, choices=range(1, len(PASSES) + 1), metavar="N",
+                    help=f"which passes to run (random strategies per context: {PASSES}; with --diloco "
+                    f"{DILOCO_PER_CONTEXT}; default all)")
     ap.add_argument("--stop-after", type=float, default=None, metavar="MINUTES",
                     help="start no new context after this many minutes (a running one finishes)")
     ap.add_argument("--dry-run", action="store_true", help="print the contexts and what is left out, measure nothing")
     ap.add_argument("--status", action="store_true",
                     help="print what the dataset holds so far (for the datasheet), measure nothing")
     args = ap.parse_args(argv)
-    args.data = args.data or str(LATENCY_DATA if args.latency else V2_DATA)
+    if args.latency and args.diloco:
+        ap.error("--latency and --diloco are two campaigns: give one")
     from autosync import api
+    args.data = args.data or str(LATENCY_DATA if args.latency else api.SHIPPED_DATA if args.diloco else V2_DATA)
+    passes = DILOCO_PER_CONTEXT if args.diloco else PASSES
+    if any(p > len(passes) for p in args.passes or ()):
+        ap.error(f"--passes: this campaign has {len(passes)} pass(es)")
     from autosync.datasets.store import DatasetStore
     from autosync.executor.emulate import open_ranks
     from autosync.search.collect import collect
     from autosync.search.trials import TrialSettings
 
     # v1's contexts are left alone; the shipped dataset also holds this campaign's own once merged, and those go on
-    shipped = set(DatasetStore(api.SHIPPED_DATA, create=False).read(efficiency=False)["context_id"])
+    shipped_rows = DatasetStore(api.SHIPPED_DATA, create=False).read(efficiency=False)
+    shipped = set(shipped_rows["context_id"])
     own = Path(args.data)
-    if (own / "profiles").is_dir():
+    if (own / "profiles").is_dir() and not args.diloco:
         shipped -= set(DatasetStore(own, create=False).read(efficiency=False)["context_id"])
-    order, skipped = plan(shipped, *((LATENCY_CLUSTERS, LATENCY_WORKLOADS) if args.latency else ()))
+    if args.diloco:
+        order, skipped = diloco_plan(shipped_rows)
+    else:
+        order, skipped = plan(shipped, *((LATENCY_CLUSTERS, LATENCY_WORKLOADS) if args.latency else ()))
     n = sum(len(w) for _, w in order)
-    print(f"campaign: {n} contexts on {len(order)} clusters; {len(skipped)} left out:", *skipped, sep="\n  ")
+    print(f"campaign: {n} contexts on {len(order)} clusters; {len(skipped)} left out or moved:", *skipped, sep="\n  ")
     if args.dry_run:
         for spec, names in order:
             print(f"{spec}: {' '.join(names)}")
@@ -187,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     log = Path(args.data) / "campaign.jsonl"
     settings = TrialSettings()
     t_start = time.monotonic()
-    for p in args.passes:
-        per_context = PASSES[p - 1]
+    for p in args.passes or range(1, len(passes) + 1):
+        per_context = passes[p - 1]
         for spec, names in order:
             cluster = Cluster.parse(spec)
             with open_ranks(cluster) as pool:
@@ -199,11 +239,12 @@ def main(argv: list[str] | None = None) -> int:
                     t0 = time.time()
                     try:
                         counts = collect([name], [cluster], store, per_context, settings, progress=False,
-                                         pool=pool)
+                                         pool=pool, modes=("diloco",) if args.diloco else None)
                     except Exception as e:   # a context that cannot be profiled: say so, go on with fresh ranks
                         counts = {"error": f"{type(e).__name__}: {e}"[:500]}
                         pool.start()
                     line = {"pass": p, "per_context": per_context, "workload": name, "cluster": spec,
+                            **({"modes": ["diloco"]} if args.diloco else {}),
                             "start": t0, "end": time.time(), **counts}
                     if not _resumed_only(counts):
                         with log.open("a") as f:     # a context a resumed run only skipped is not logged again

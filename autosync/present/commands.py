@@ -140,7 +140,7 @@ COMMANDS = {
         ("seed", "seed of the order of the keys (default 0)"),
         ("--timeout", "positive_float", 1800.0, "time limit of one training run (s)"),
         ("--again", "flag", False, "instead, measure again every stored row an older protocol measured differently "
-         "(censored at the horizon, or a band wider than 15% that protocol 4 narrows with more seed pairs: such a "
+         "(censored at the horizon, or a band wider than 15%% that protocol 4 narrows with more seed pairs: such a "
          "row is not reused), with its own strategy; --workloads and --worlds still select, --per-group and --seed "
          "do not apply")),
     "merge": ("add the trials of other datasets to one",
