@@ -42,7 +42,7 @@ SHELL := /bin/bash
 test: $(STAMP)
 	@rest_log=$$(mktemp); \
 	$(BIN)/python tests/beside.py $(BIN)/python -m pytest -q -m "not serial" -n 3 --maxschedchunk 1 \
-		--durations=30 tests > $$rest_log 2>&1 & rest=$$!; \
+		--durations=30 --cpu-durations=20 tests > $$rest_log 2>&1 & rest=$$!; \
 	echo "the timed tests (marked serial), one at a time; the rest run beside them at low priority:"; \
 	$(BIN)/python -m pytest -q -m serial --durations=15 tests; serial=$$?; \
 	echo "the rest of the tests (3 pytest-xdist workers, low priority):"; \

@@ -433,13 +433,7 @@ def collect(workload_names: list[str], clusters: list[str | Cluster], data: str 
 
     for name in workload_names:
         resolve_workload(name, batch_size=batch_size)
-    if modes:
-        from autosync import plans
-
-        unknown = [m for m in modes if m not in plans.SYNC_MODES]
-        if unknown:
-            raise UserError(f"--modes: unknown sync mode(s) {', '.join(map(repr, unknown))}; known: "
-                            f"{', '.join(plans.SYNC_MODES)}")
+    _check_modes(modes)
     clusters = [_cluster(c) for c in clusters]
     if pool is None and not unshaped:
         for c in clusters:
@@ -486,16 +480,29 @@ def tune(workload_or_model, make_batch: Callable | None = None, cluster: str | C
     return result.strategy
 
 
+def _check_modes(modes: list[str] | None) -> None:
+    if modes:
+        from autosync import plans
+
+        unknown = [m for m in modes if m not in plans.SYNC_MODES]
+        if unknown:
+            raise UserError(f"--modes: unknown sync mode(s) {', '.join(map(repr, unknown))}; known: "
+                            f"{', '.join(plans.SYNC_MODES)}")
+
+
 def efficiency(data: str | Path = "autosync-data", workload_names: list[str] | None = None,
                worlds: list[int] | None = None, per_group: int = 10, seed: int = 0, timeout: float = 1800.0,
-               again: bool = False, progress=None) -> tuple[dict[str, int], Path]:
+               again: bool = False, progress=None, modes: list[str] | None = None) -> tuple[dict[str, int], Path]:
     """Measure the statistical efficiency of the lossy strategies the dataset ``data`` holds (see
-    :func:`autosync.efficiency.collect.collect`); returns the counts and the dataset's folder."""
+    :func:`autosync.efficiency.collect.collect`), of the sync ``modes`` only when given; returns the counts and the
+    dataset's folder."""
     from autosync.efficiency.collect import collect as _collect
 
+    _check_modes(modes)
     store = DatasetStore(data, create=False)
     store.read()  # a damaged dataset is reported before anything runs
-    return _collect(store, workload_names, worlds, per_group, seed, timeout, progress=progress, again=again), store.root
+    return _collect(store, workload_names, worlds, per_group, seed, timeout, progress=progress, again=again,
+                    modes=tuple(modes) if modes else None), store.root
 
 
 def merge(sources: list[str | Path], data: str | Path) -> list[dict[str, int]]:

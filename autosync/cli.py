@@ -190,7 +190,8 @@ def _cmd_efficiency(args) -> int:
     from autosync import api
 
     counts, root = api.efficiency(args.data, args.workloads, args.worlds, args.per_group, args.seed, args.timeout,
-                                  args.again, progress=lambda text: print(text, file=sys.stderr, flush=True))
+                                  args.again, progress=lambda text: print(text, file=sys.stderr, flush=True),
+                                  modes=args.modes)
     print(f"efficiency: {counts['ok']} measured, {counts['failed'] + counts['timeout']} failed, {counts['flat']} with "
           f"a reference too flat to measure, {counts['stored']} already stored -> {root}")
     return 0

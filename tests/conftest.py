@@ -1,5 +1,7 @@
 """Shared helpers: every test that starts ranks checks that none of them outlives it."""
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -10,6 +12,49 @@ import pytest
 FEW_CANDIDATES = ("--candidates", "100")
 #: The 17k-parameter test model (fast trials), by absolute path: commands run in their tests' temp dirs.
 SMALL = str(Path(__file__).resolve().parent / "fixtures" / "small.py") + ":build"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--cpu-durations", type=int, default=0, metavar="N",
+                     help="show the N tests that took the most CPU time (theirs and their finished children's, "
+                          "setup to teardown): on a busy machine wall time says little")
+
+
+def _cpu_s() -> float:
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    item._cpu_start = _cpu_s()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "teardown" and hasattr(item, "_cpu_start"):
+        report.user_properties.append(("cpu_s", _cpu_s() - item._cpu_start))
+
+
+_CPU: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        _CPU.update({report.nodeid: v for k, v in report.user_properties if k == "cpu_s"})
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    n = config.getoption("--cpu-durations")
+    if n and _CPU:
+        terminalreporter.write_sep("=", f"most CPU: {n} of {len(_CPU)} tests ({sum(_CPU.values()):.0f} s in all)")
+        for nodeid, s in sorted(_CPU.items(), key=lambda t: -t[1])[:n]:
+            terminalreporter.write_line(f"{s:7.1f}s cpu  {nodeid}")
 
 
 def pytest_collection_modifyitems(items):
@@ -153,6 +198,43 @@ def store_with_profile():
         return store
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tuned(tmp_path_factory, worker_id):
+    """A tuned lossless strategy file per workload (the cost model's pick for a 2-host 1 gbit cluster), made once per
+    `make test` for the frameworks' tests and the example script's: pytest-xdist's workers share a folder (their
+    temp dirs' parent), and the first to ask for a workload tunes it while the others wait on its lock and read the
+    same file (resnet-tiny serves three tests). The tune
+    reads the shipped dataset's profile of the context (`--profile`) instead of profiling the model again (~15 s of
+    CPU each): profiling is tested elsewhere."""
+    from filelock import FileLock
+
+    from autosync import workloads
+    from autosync.cluster import parse_cluster
+    from autosync.context import Context
+    from autosync.datasets.store import DatasetStore
+    from autosync.datasets import SHIPPED_DATA
+
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent
+
+    def get(workload):
+        d = shared / f"tuned-{workload}"
+        with FileLock(f"{d}.lock"):
+            if not (d / "s.yaml").exists():
+                d.mkdir(exist_ok=True)
+                context = Context.of(workload, workloads.default_batch_size(workload), parse_cluster("2x1@1gbit"))
+                profile = DatasetStore(SHIPPED_DATA, create=False).profile_path(context.id)
+                out = subprocess.run([sys.executable, "-m", "autosync.cli", "tune", "--workload", workload,
+                                      "--cluster", "2x1@1gbit", "--measure", "0", "--lossless", *FEW_CANDIDATES,
+                                      "--profile", str(profile),
+                                      "--out", "s.yaml", "--data", "d", "--storage", f"sqlite:///{d}/t.db"],
+                                     cwd=d, capture_output=True, text=True, timeout=300)
+                assert out.returncode == 0, out.stderr[-2000:]
+        return d / "s.yaml"
+    return get
 
 
 def cli(*argv, cwd=None):

@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autosync import workloads
 from autosync.executor.launch import RankPool, free_port
 from autosync.strategy import Strategy
-from conftest import FEW_CANDIDATES
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -35,41 +33,6 @@ def _run(tmp_path, script, strategy, name, launcher, workload, steps=4, *extra):
     assert proc.returncode == 0, proc.stderr[-3000:]
     calls = int(proc.stdout.rsplit("autosync hook calls: ", 1)[1].split()[0])
     return torch.load(out), calls
-
-
-@pytest.fixture(scope="session")
-def tuned(tmp_path_factory, worker_id):
-    """A tuned lossless strategy file per workload (the cost model's pick for a 2-host 1 gbit cluster), made once per
-    `make test`: pytest-xdist's workers share a folder (their temp dirs' parent), and the first to ask for a workload
-    tunes it while the others wait on its lock and read the same file (resnet-tiny serves two frameworks). The tune
-    reads the shipped dataset's profile of the context (`--profile`) instead of profiling the model again (~15 s of
-    CPU each): profiling is tested elsewhere."""
-    from filelock import FileLock
-
-    from autosync.cluster import parse_cluster
-    from autosync.context import Context
-    from autosync.datasets.store import DatasetStore
-    from autosync.datasets import SHIPPED_DATA
-
-    shared = tmp_path_factory.getbasetemp()
-    if worker_id != "master":
-        shared = shared.parent
-
-    def get(workload):
-        d = shared / f"tuned-{workload}"
-        with FileLock(f"{d}.lock"):
-            if not (d / "s.yaml").exists():
-                d.mkdir(exist_ok=True)
-                context = Context.of(workload, workloads.default_batch_size(workload), parse_cluster("2x1@1gbit"))
-                profile = DatasetStore(SHIPPED_DATA, create=False).profile_path(context.id)
-                out = subprocess.run([sys.executable, "-m", "autosync.cli", "tune", "--workload", workload,
-                                      "--cluster", "2x1@1gbit", "--measure", "0", "--lossless", *FEW_CANDIDATES,
-                                      "--profile", str(profile),
-                                      "--out", "s.yaml", "--data", "d", "--storage", f"sqlite:///{d}/t.db"],
-                                     cwd=d, capture_output=True, text=True, timeout=300)
-                assert out.returncode == 0, out.stderr[-2000:]
-        return d / "s.yaml"
-    return get
 
 
 def _torchrun():
@@ -110,7 +73,7 @@ def test_a_framework_tunes_while_it_trains_with_auto_and_writes_a_strategy_file(
     """``"auto"`` through the framework's own DDP: the comm hook switches among candidates at the end of steps, the
     tuner commits and rank 0 writes the file (``autosync-strategy.yaml`` in the working directory)."""
     pytest.importorskip({"lightning": "pytorch_lightning", "transformers": "transformers"}[framework])
-    _, calls = _run(tmp_path, script, "auto", "auto", launcher(), workload, 60, "--auto-window", "4",
+    _, calls = _run(tmp_path, script, "auto", "auto", launcher(), workload, 80, "--auto-window", "4",
                     "--auto-budget", "1")
     text = (tmp_path / "autosync-strategy.yaml").read_text()
     assert calls > 0 and text.startswith("# autosync auto (measured during training): "), text[:500]

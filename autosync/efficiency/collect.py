@@ -8,14 +8,15 @@ from autosync.efficiency.meter import EfficiencyMeter
 from autosync.strategy import Strategy
 
 def collect(store, workloads: list[str] | None = None, worlds: list[int] | None = None, per_group: int = 10,
-            seed: int = 0, timeout_s: float = 1800.0, progress=None, again: bool = False) -> dict[str, int]:
+            seed: int = 0, timeout_s: float = 1800.0, progress=None, again: bool = False,
+            modes: tuple[str, ...] | None = None) -> dict[str, int]:
     """Measure the efficiency of the lossy strategies the dataset's trials hold, ``per_group`` keys per
     (workload, batch, world, hosts) group, in a seeded order (the same command continues the same list:
     what is stored is skipped). ``again``: instead, measure again every stored loopback row an older protocol
     measured differently (:func:`reusable`: censored at the horizon, or a band protocol 4 narrows with more seed
     pairs), each with its stored strategy, whatever
-    the seeded lists hold now (``per_group`` and ``seed`` do not apply). Returns counts of ok / failed / already
-    stored."""
+    the seeded lists hold now (``per_group`` and ``seed`` do not apply). ``modes``: only the strategies of these sync
+    modes (their own seeded lists). Returns counts of ok / failed / already stored."""
     import random
 
     stored = store.efficiency_rows()
@@ -25,7 +26,8 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
     if again:
         for k, r in stored.items():
             if (k not in measured and place(k) in (None, LOOPBACK) and (not workloads or r["workload"] in workloads)
-                    and (not worlds or r["world_size"] in worlds)):
+                    and (not worlds or r["world_size"] in worlds)
+                    and (not modes or Strategy.from_dict(json.loads(r["strategy"])).sync.mode in modes)):
                 groups.setdefault((r["workload"], int(r["batch_size"]), int(r["world_size"]),
                                    int(r["ranks_per_host"])), {})[k] = r["strategy"]
     else:
@@ -37,6 +39,8 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
             trials = trials[trials.world_size.isin(worlds)]
         for r in trials.itertuples():
             s = Strategy.from_dict(json.loads(r.strategy))
+            if modes and s.sync.mode not in modes:
+                continue
             rph = int(r.ranks_per_node) if s.sync.kind.needs_hosts else 1
             groups.setdefault((r.workload, int(r.batch_size), int(r.world_size), rph), {}).setdefault(
                 r.efficiency_key, r.strategy)

@@ -137,12 +137,14 @@ COMMANDS = {
         "data", ("--workloads", "str", None, "only these workloads (default: all)", {"nargs": "+", "metavar": "W"}),
         ("--worlds", "positive_int", None, "only these world sizes (default: all)", {"nargs": "+", "metavar": "N"}),
         ("--per-group", "positive_int", 10, "lossy keys per (workload, batch, world) group (default 10)"),
+        ("--modes", "str", None, "only the strategies of these sync modes (e.g. diloco; default: every lossy one)",
+         {"nargs": "+", "metavar": "MODE"}),
         ("seed", "seed of the order of the keys (default 0)"),
         ("--timeout", "positive_float", 1800.0, "time limit of one training run (s)"),
         ("--again", "flag", False, "instead, measure again every stored row an older protocol measured differently "
          "(censored at the horizon, or a band wider than 15%% that protocol 4 narrows with more seed pairs: such a "
-         "row is not reused), with its own strategy; --workloads and --worlds still select, --per-group and --seed "
-         "do not apply")),
+         "row is not reused), with its own strategy; --workloads, --worlds and --modes still select, --per-group and "
+         "--seed do not apply")),
     "merge": ("add the trials of other datasets to one",
         "Add every trial, efficiency measurement and profile of the SOURCE datasets to --data (created if missing). "
         "A row whose (context, strategy) is stored there already is kept as it is, so merging the same source twice "

@@ -41,8 +41,7 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
 Lossless candidates leave the math unchanged, so the parameters after N steps equal plain DDP's to rounding
 whichever candidates ran (``tests/test_online.py``). The API (:func:`autosync.api.auto_tuner`) writes the strategy
 file and appends the windows to a dataset at the commit. Not yet: measuring a lossy candidate's efficiency during
-the training (its online signals), lossy sync modes that wrap the optimizer (local SGD, DiLoCo), and re-exploring
-when the step time drifts.
+the training (its online signals), and the lossy sync modes that wrap the optimizer (local SGD, DiLoCo).
 """
 from __future__ import annotations
 

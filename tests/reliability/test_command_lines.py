@@ -53,6 +53,7 @@ CASES = [
     (["collect", "--workloads", "mlp", "--clusters", "2x1@1gbit;node5=1mbit"], "node5 does not exist"),
     (["collect", "--workloads", "mlp", "--clusters", "2x1@1gbit", "--modes", "diloco", "dilocco"],
      "--modes: unknown sync mode(s) 'dilocco'; known: bsp"),
+    (["efficiency", "--data", "shipped", "--modes", "nope"], "--modes: unknown sync mode(s) 'nope'"),
     # train
     (["train", "--data", "/no/such/dir"], "no dataset here"),
     (["train", "--kind", "forest"], "invalid choice: 'forest'"),
