@@ -102,7 +102,8 @@ def run_tune(workload, cluster: Cluster | None, config: TuneConfig, on_measured=
             raise UserError("tune needs --cluster (or --in-job, which takes the job's own)")
         if status:
             status("measuring the job's links")
-        cluster = job_cluster(pool)
+        batch = config.batch_size or workloads.default_batch_size(workload)
+        cluster = job_cluster(pool, _known_job_clusters(DatasetStore(config.data), pool, workload, batch))
         if status:
             status(f"the job's cluster: {cluster}")
     if config.measure and pool is None and not config.unshaped:
@@ -758,11 +759,13 @@ RATE_LADDER_MBIT = (10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 25_0
                     200_000, 400_000)
 
 
-def _job_cluster(network, world: int, rph: int) -> Cluster:
+def _job_cluster(network, world: int, rph: int, known: list[Cluster] = ()) -> Cluster:
     """The cluster a job's measured network describes: its shape, and the link of its first two hosts (one-way
     point-to-point bandwidth from the fit's slope), on :data:`RATE_LADDER_MBIT` (the nearest rung by ratio), so
     that every run of the same job gets the same context key; the latency is left out of the label (it is in the
-    measured profile)."""
+    measured profile). ``known``: the labels earlier runs of the job gave it (their profiles are stored); the one
+    of the same shape nearest the measured rate, within a factor of 2, is kept, so that a restart that measures a
+    link a little slower (a rate near the middle of two rungs, a busy host) does not start a new context."""
     import math
 
     nodes = world // rph
@@ -770,18 +773,36 @@ def _job_cluster(network, world: int, rph: int) -> Cluster:
         return Cluster.parse(f"1x{rph}@100gbit")
     fit = network.fits.get("inter", network.fits["world"])["send_recv"]
     mbit = max(fit.bandwidth_bps, 1e6) / 1e6
+    same = [c for c in known if (c.nodes, c.ranks_per_node) == (nodes, rph)
+            and abs(math.log(c.slowest_rate_bps / 1e6 / mbit)) <= math.log(2)]
+    if same:
+        return min(same, key=lambda c: abs(math.log(c.slowest_rate_bps / 1e6 / mbit)))
     rung = min(RATE_LADDER_MBIT, key=lambda r: abs(math.log(r / mbit)))
     return Cluster.parse(f"{nodes}x{rph}@{rung}mbit")
 
 
-def job_cluster(pool) -> Cluster:
+def _known_job_clusters(store: DatasetStore, pool, workload, batch: int) -> list[Cluster]:
+    """The labels of the job's shape whose context (this workload and batch, on the job's network) has a stored
+    profile: what earlier runs of the job called it."""
+    nodes = max(pool.world_size // pool.ranks_per_host, 1)
+    out = []
+    for rung in RATE_LADDER_MBIT:
+        cluster = Cluster.parse(f"{nodes}x{pool.ranks_per_host}@{rung}mbit")
+        if store.load_profile_dict(Context.on(pool, workload, batch, cluster).id) is not None:
+            out.append(cluster)
+    return out
+
+
+def job_cluster(pool, known: list[Cluster] = ()) -> Cluster:
     """The cluster of the job ``pool`` holds (:func:`job`): its hosts x ranks per host, and its links measured
-    (:func:`autosync.profiler.measure.profile_network`, a few seconds) and labelled as :func:`_job_cluster` says."""
+    (:func:`autosync.profiler.measure.profile_network`, a few seconds) and labelled as :func:`_job_cluster` says
+    (``known``: the labels earlier runs of the job used)."""
     from autosync.profiler.measure import profile_network
     from autosync.profiler.observe import LIVE_SIZES
 
     # the short sweep strategy="auto" runs live: only the link's rung on the ladder is read from it
-    return _job_cluster(profile_network(pool, sizes=LIVE_SIZES, max_op_s=0.1), pool.world_size, pool.ranks_per_host)
+    return _job_cluster(profile_network(pool, sizes=LIVE_SIZES, max_op_s=0.1), pool.world_size, pool.ranks_per_host,
+                        known)
 
 
 def _predict(profile, k: int, adapt=None, objective: str = "time-to-loss", rule: str = "lower") -> list:
