@@ -754,9 +754,9 @@ def _record_windows(tuner, store: DatasetStore) -> int:
     return store.append(rows)
 
 
-#: link rates a measured job is labelled with (Mbit/s): a job's context key must not change with each measurement
-RATE_LADDER_MBIT = (10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 25_000, 40_000, 50_000, 100_000,
-                    200_000, 400_000)
+#: link rates a measured job is labelled with (Mbit/s): a job's context key must not change with each measurement;
+#: up to the fastest link a cluster spec names (100 gbit: a faster one, NVLink inside a host, is labelled that)
+RATE_LADDER_MBIT = (10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 25_000, 40_000, 50_000, 100_000)
 
 
 def _job_cluster(network, world: int, rph: int, known: list[Cluster] = ()) -> Cluster:

@@ -261,6 +261,8 @@ def test_auto_options_and_the_job_cluster_from_a_measured_network():
         net.fits["inter"]["send_recv"] = Fit(alpha_s=1e-4, beta_s_per_byte=8 / measured)
         assert str(api._job_cluster(net, 4, 2)) == f"2x2@{label}", measured
     assert str(api._job_cluster(net, 2, 2)) == "1x2@100gbit"
+    net.fits["inter"]["send_recv"] = Fit(alpha_s=1e-6, beta_s_per_byte=8 / 900e9)   # faster than a spec names
+    assert str(api._job_cluster(net, 4, 2)) == "2x2@100gbit"
     # a restart keeps the label an earlier run of the job stored, while the rate stays within 2x of it (a 1 gbit
     # link read at 690 Mbit/s on a busy host is nearer the 500 mbit rung)
     from autosync.cluster import Cluster
