@@ -76,8 +76,11 @@ def test_a_framework_tunes_while_it_trains_with_auto_and_writes_a_strategy_file(
     _, calls = _run(tmp_path, script, "auto", "auto", launcher(), workload, 80, "--auto-window", "4",
                     "--auto-budget", "1")
     text = (tmp_path / "autosync-strategy.yaml").read_text()
-    assert calls > 0 and text.startswith("# autosync auto (measured during training): "), text[:500]
-    assert "  predicted " in text, text
+    assert text.startswith("# autosync auto (measured during training): "), text[:500]
+    # a candidate ran through autosync's hook, where the cost model put one above the default: on a busy machine the
+    # profile's slower compute can leave none (the default, DDP's own all-reduce, then trains throughout)
+    tried = [line for line in text.splitlines() if line.startswith("#   predicted ")]
+    assert calls > 0 or not tried, (calls, text)
     assert Strategy.from_dict(__import__("yaml").safe_load(text))
 
 
