@@ -144,7 +144,7 @@ def selective_table(rows: list[dict], args) -> list[str]:
         d = a["DDP default"]
         n = len(r["paths_bps"])
         paths = " ".join(f"{i}-{j}:{r['paths_bps'][i][j] / 1e6:.0f}" for i in range(n) for j in range(i + 1, n))
-        islands = "\|".join(",".join(map(str, i)) for i in r["islands"]) if r["islands"] else "-"
+        islands = "\\|".join(",".join(map(str, i)) for i in r["islands"]) if r["islands"] else "-"
         sel = a.get("selective")
         bo = r["best_other"]
         lines.append(f"| {r['workload']} | {r['cluster']} | {paths} ({r['paths_from']}) | {islands} | "
