@@ -1,9 +1,10 @@
-"""Rank pool starts: multiprocessing's forkserver (what RankPool uses) against spawn (what it used before).
+"""Rank pool starts: multiprocessing's forkserver (what RankPool uses) against spawn, and the forkserver's preload
+(torch and torch.distributed alone, or with torch._dynamo, which every torch optimizer imports when it is built).
 
-Each round runs one fresh Python process per start method, interleaved (spawn, forkserver, spawn, ...): it
-starts ``--pools`` 2-rank pools one after another (as a `tune` does: the measured trials, the efficiency meter's
-ranks, a restart after a failed trial), runs one small task on each (join the process group, an all-reduce)
-and closes it. Per process: the wall time of the first start (under forkserver it includes the server's own
+Each round runs one fresh Python process per arm, interleaved (spawn, forkserver, forkserver + dynamo, spawn, ...):
+it starts ``--pools`` 2-rank pools one after another (as a `tune` does: the measured trials, the efficiency meter's
+ranks, a restart after a failed trial), runs one small task on each (join the process group, an all-reduce, build
+an SGD optimizer as every trial does) and closes it. Per process: the wall time of the first start (under forkserver it includes the server's own
 torch import), the median of the later ones, the whole process's wall time, and the CPU time the whole machine
 spent meanwhile (/proc/stat: every process, the ranks and the forkserver included). Medians over ``--rounds``.
 
@@ -27,11 +28,21 @@ def _all_reduce(ctx):
 
     t = torch.ones(1000)
     dist.all_reduce(t)
+    torch.optim.SGD(torch.nn.Linear(4, 4).parameters(), lr=0.1)
     return float(t[0])
 
 
-def child(method: str, pools: int) -> None:
+ARMS = {"spawn": ("spawn", None), "forkserver (torch)": ("forkserver", ["torch", "torch.distributed"]),
+        "forkserver (torch + _dynamo)": ("forkserver", ["torch", "torch.distributed", "torch._dynamo"])}
+
+
+def child(arm: str, pools: int) -> None:
+    from autosync.executor import launch
     from autosync.executor.launch import RankPool
+
+    method, preload = ARMS[arm]
+    if preload:
+        launch.PRELOAD = preload
 
     starts = []
     for _ in range(pools):
@@ -53,7 +64,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--pools", type=int, default=3, help="pools started one after another per process (default 3)")
-    ap.add_argument("--child", nargs=2, metavar=("METHOD", "POOLS"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=2, metavar=("ARM", "POOLS"), help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(RESULTS / "pool_start.md"))
     args = ap.parse_args()
     if args.child:
@@ -61,7 +72,7 @@ def main() -> None:
         return
     if args.rounds < 1 or args.pools < 2:
         ap.error("--rounds must be >= 1 and --pools >= 2")
-    methods = ("spawn", "forkserver")
+    methods = tuple(ARMS)
     res = {m: {"first": [], "later": [], "wall": [], "cpu": []} for m in methods}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
                                                         os.environ.get("PYTHONPATH", "")])}
@@ -79,15 +90,16 @@ def main() -> None:
             print(f"round {r + 1} {m}: first start {starts[0]:.2f} s, later {statistics.median(starts[1:]):.2f} s, "
                   f"process {wall:.1f} s, machine CPU {cpu:.1f} s", flush=True)
     med = {m: {k: statistics.median(v) for k, v in res[m].items()} for m in methods}
-    lines = ["# Rank pool start: forkserver against spawn", "",
-             f"{args.rounds} interleaved rounds; per round one fresh process per method starting {args.pools} "
-             f"2-rank pools in turn (each runs one all-reduce). Medians; ratio = spawn / forkserver (> 1: forkserver "
-             f"is faster). {os.cpu_count()} cores.", "",
-             "| | spawn | forkserver | ratio |", "|---|---:|---:|---:|"]
+    spawn, old, new = methods
+    lines = ["# Rank pool start: forkserver against spawn, and what the forkserver preloads", "",
+             f"{args.rounds} interleaved rounds; per round one fresh process per arm starting {args.pools} "
+             f"2-rank pools in turn (each runs one all-reduce and builds an SGD optimizer). Medians; ratios > 1: the "
+             f"second arm is faster. RankPool uses the last arm. {os.cpu_count()} cores.", "",
+             f"| | {' | '.join(methods)} | {spawn} / {new} | {old} / {new} |", "|---|---:|---:|---:|---:|---:|"]
     for k, what in (("first", "first pool start, s"), ("later", "each later pool start, s"),
                     ("wall", f"whole process ({args.pools} pools), s"), ("cpu", "machine CPU of the process, s")):
-        lines.append(f"| {what} | {med['spawn'][k]:.2f} | {med['forkserver'][k]:.2f} | "
-                     f"{med['spawn'][k] / med['forkserver'][k]:.2f}x |")
+        lines.append(f"| {what} | {' | '.join(f'{med[m][k]:.2f}' for m in methods)} | "
+                     f"{med[spawn][k] / med[new][k]:.2f}x | {med[old][k] / med[new][k]:.2f}x |")
     write_result(args.out, lines)
     print("\n".join(lines))
 

@@ -73,14 +73,13 @@ def test_a_framework_tunes_while_it_trains_with_auto_and_writes_a_strategy_file(
     """``"auto"`` through the framework's own DDP: the comm hook switches among candidates at the end of steps, the
     tuner commits and rank 0 writes the file (``autosync-strategy.yaml`` in the working directory)."""
     pytest.importorskip({"lightning": "pytorch_lightning", "transformers": "transformers"}[framework])
-    _run(tmp_path, script, "auto", "auto", launcher(), workload, 80, "--auto-window", "4",
+    _, calls = _run(tmp_path, script, "auto", "auto", launcher(), workload, 80, "--auto-window", "4",
                     "--auto-budget", "1")
     text = (tmp_path / "autosync-strategy.yaml").read_text()
     assert text.startswith("# autosync auto (measured during training): "), text[:500]
-    # not the hook's call count: on a busy machine the cost model may propose no candidate (the default, DDP's own
-    # all-reduce, then trains throughout), and in one CI run the Trainer's count read 0 after a commit to a ps
-    # candidate (to look into: which SyncState the callback holds after the commit); the strategy-file tests above
-    # check the calls
+    # the switcher's one hook runs every strategy, the default included (DDP's own all-reduce through it), and
+    # its count carries across switches: a tune whose cost model proposed no candidate still counts its buckets
+    assert calls > 0, calls
     assert Strategy.from_dict(__import__("yaml").safe_load(text))
 
 

@@ -11,8 +11,8 @@ folder of a killed launcher's rank outputs (``autosync-ranks-<pid>@<host>-*`` in
 removed by the next pool that starts there.
 
 Ranks start from multiprocessing's *forkserver* (spawn where there is none): a server process
-imports torch once, and each rank is a fork of it, so a pool start costs a fork instead of an
-interpreter and a torch import per rank. Each rank still gets the launcher's environment,
+imports torch once (and ``torch._dynamo``, which every optimizer needs), and each rank is a fork of it, so a
+pool start costs a fork instead of an interpreter and a torch import per rank. Each rank still gets the launcher's environment,
 working directory and ``sys.path`` as of ``start()`` and re-imports the main module (as under
 spawn); torch is imported in the server, never initialized there (no CUDA, no threads).
 
@@ -42,7 +42,10 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
-PRELOAD = ["torch", "torch.distributed"]   # what the forkserver imports once for every rank it forks
+#: what the forkserver imports once for every rank it forks. ``torch._dynamo``: torch's optimizers import it on their
+#: first construction (``torch._disable_dynamo``), 1.5 s of CPU per rank here, paid by every trial's ranks otherwise
+#: (bench/pool_start.py)
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo"]
 STARTED = "started"                        # a rank's marker file: it reached _rank_main
 RANKS_DIR = "autosync-ranks-"              # + "<launcher pid>@<host>-": a pool's folder of rank outputs (temp dir)
 _live_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()

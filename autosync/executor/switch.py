@@ -184,6 +184,7 @@ class SwitchableHook:
         if error is not None:
             return error
         old, self.state, self.strategy = self.state, built, strategy
+        built.hook_calls = old.hook_calls        # the DDP's count across its strategies, as the integrations report it
         self.ddp.autosync_state = built
         old.close()
         return None
