@@ -45,6 +45,20 @@ class Sluggish(NoCompression):
         super().run(comm, flat, seg, state, reduce)
 
 
+def slow_down(rank: int, step: int, slow_from: int, tuner) -> None:
+    """Rank 1's steps from ``slow_from`` on wait 1.5 x the drift limit of the figure committed then, at least 0.15 s
+    (several mlp steps): beyond the limit by construction, whatever a busy machine made of the committed figure and
+    its spread (3 test workers on 2 cores read an mlp step at 0.1 s and more, with spreads that doubled the limit)."""
+    import time
+
+    if rank != 1 or step < slow_from:
+        return
+    if not hasattr(tuner, "test_slowdown_s"):    # fixed at the first slow step: a later commit must not move it
+        limit = (1 + max(tuner.drift, 2 * tuner.committed_spread)) * (tuner.committed_s or 0.1)
+        tuner.test_slowdown_s = min(1.0, max(0.15, 1.5 * limit))
+    time.sleep(tuner.test_slowdown_s)
+
+
 def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False, budget: float = 1.0,
            slow_from: int | None = None, drift: float = 100.0):
     """Train mlp ``steps`` steps (each rank its own batches) by the DDP default, or by an online tuner that tries
@@ -76,8 +90,8 @@ def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False, budget
                             cluster=parse_cluster("2x1@1gbit"), env=environment("unshaped"))
         o.on_step.append(tuner.after_step)
         o.on_step.append(lambda: trace.append(m.strategy.hash))     # after the tuner's own callback
-        if slow_from is not None:    # rank 1's host slows down: every step from then on waits 0.15 s more
-            o.on_step.insert(0, lambda: time.sleep(0.15) if ctx.rank == 1 and len(trace) >= slow_from else None)
+        if slow_from is not None:    # rank 1's host slows down: every step from then on waits longer
+            o.on_step.insert(0, lambda: slow_down(ctx.rank, len(trace), slow_from, tuner))
     else:
         m, o = apply(model, opt, Strategy.default(), init_sync=False)
     try:
