@@ -65,14 +65,19 @@ def test_latency_is_within_10_percent_of_configured_plus_the_base(latency_ms):
     costs by itself. The ping-pong's best round trip: on these 2 cores a median is at the mercy of wake-ups. Within
     10%, or 0.2 ms where that is larger: a delay line's process wakes on time to about 0.1 ms each way here (a 1 ms
     link once read 1.125 ms over its base in a full suite run)."""
-    base_cluster = parse_cluster("2x1@1gbit")
-    with EmulatedCluster(base_cluster, delay_lines=True) as emu, emu.pool(threads_per_rank=1) as pool:
-        base = min(r.measured_latency_s for r in check_links(pool, base_cluster, pings=41))
-    cluster = parse_cluster(f"2x1@1gbit,{latency_ms}ms")
-    with EmulatedCluster(cluster) as emu, emu.pool(threads_per_rank=1) as pool:
-        rows = check_links(pool, cluster, pings=41)
-    for r in rows:
-        assert abs(r.measured_latency_s - base - latency_ms * 1e-3) <= max(0.1 * latency_ms * 1e-3, 2e-4), (r, base)
+    bound = max(0.1 * latency_ms * 1e-3, 2e-4)
+    rounds = []
+    for _ in range(2):   # the better of two rounds (the second only if the first misses), as the bandwidth test's
+        base_cluster = parse_cluster("2x1@1gbit")
+        with EmulatedCluster(base_cluster, delay_lines=True) as emu, emu.pool(threads_per_rank=1) as pool:
+            base = min(r.measured_latency_s for r in check_links(pool, base_cluster, pings=41))
+        cluster = parse_cluster(f"2x1@1gbit,{latency_ms}ms")
+        with EmulatedCluster(cluster) as emu, emu.pool(threads_per_rank=1) as pool:
+            rows = check_links(pool, cluster, pings=41)
+        rounds.append((max(abs(r.measured_latency_s - base - latency_ms * 1e-3) for r in rows), rows, base))
+        if rounds[-1][0] <= bound:
+            break
+    assert min(off for off, _, _ in rounds) <= bound, rounds
 
 
 def _trial(spec, strategy, workload="mlp", batch=32, steps=3, warmup=1):
