@@ -103,7 +103,9 @@ def run_tune(workload, cluster: Cluster | None, config: TuneConfig, on_measured=
         if status:
             status("measuring the job's links")
         batch = config.batch_size or workloads.default_batch_size(workload)
-        cluster = job_cluster(pool, _known_job_clusters(DatasetStore(config.data), pool, workload, batch))
+        store = DatasetStore(config.data)
+        cluster = _restarted_job_cluster(store, pool, workload, batch) or \
+            job_cluster(pool, _known_job_clusters(store, pool, workload, batch))
         if status:
             status(f"the job's cluster: {cluster}")
     if config.measure and pool is None and not config.unshaped:
@@ -791,6 +793,27 @@ def _known_job_clusters(store: DatasetStore, pool, workload, batch: int) -> list
         if store.load_profile_dict(Context.on(pool, workload, batch, cluster).id) is not None:
             out.append(cluster)
     return out
+
+
+def _restarted_job_cluster(store: DatasetStore, pool, workload, batch: int) -> Cluster | None:
+    """The label of the run this one restarts: a trial an earlier run of the job started in this workload's context
+    on the job's network and shape, and never finished (:class:`~autosync.search.trials.Journal`), names it; the
+    restart resumes that context whatever its links measure now (a busy host read a 1 gbit link at 0.4 gbit once).
+    None where there is no such trial."""
+    import json
+
+    from autosync.search.trials import Journal
+
+    try:
+        context_id = json.loads(Journal(store).path.read_text())["context_id"]
+        cluster = Cluster.parse(context_id.split("|")[2])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    try:
+        same = Context.on(pool, workload, batch, cluster).id == context_id
+    except (UserError, ValueError):
+        return None
+    return cluster if same else None
 
 
 def job_cluster(pool, known: list[Cluster] = ()) -> Cluster:

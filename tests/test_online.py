@@ -99,11 +99,11 @@ def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False, budget
             workloads.loss_of(m(**make_batch(16, gen))).backward()
             o.step()
             o.zero_grad()
-    finally:
+        committed = tuner.committed.hash if tuner and tuner.committed else None   # during the training: not
+    finally:                                                                     # what release commits at its end
         m.release() if auto else release(m)
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
     windows = [w.as_dict() for w in tuner.windows] if tuner else []
-    committed = tuner.committed.hash if tuner and tuner.committed else None
     if tuner:
         windows.append({"lost_s": tuner.lost_s(), "trained_s": tuner.trained_s})
     return params, trace, windows, committed
@@ -246,6 +246,44 @@ def test_auto_in_a_bare_loop_predicts_tries_commits_and_writes_a_strategy_file_a
         set(rows.strategy_hash), rows[["strategy_hash", "status", "median_step_s"]]
     assert (rows.status == "ok").all() and (rows.samples_per_s > 0).all() and rows.context_id.nunique() == 1
     assert rows.context_id.iloc[0].endswith("|2x1@1gbit|unshaped|gloo|cpu"), rows.context_id.iloc[0]
+
+
+def _short(ctx, out: str, steps: int):
+    """A bare loop with ``"auto"`` that ends after ``steps`` steps (its candidate comes at once from ``predict``),
+    then ``release``; whether the tuner had committed before the release."""
+    import torch
+
+    import autosync
+    from autosync import workloads
+
+    model, make_batch = workloads.build("mlp", seed=0)
+    candidate = Strategy.from_dict(CANDIDATES[0])
+    m, o = autosync.apply(model, torch.optim.SGD(model.parameters(), lr=0.05), "auto", out=out, data=None,
+                          cluster="2x1@1gbit", network="unshaped", window=4, settle=1, budget=1.0, report=None,
+                          predict=lambda profile, k, adapt: [(candidate, 1.5)])
+    gen = torch.Generator().manual_seed(1000 + ctx.rank)
+    for _ in range(steps):
+        workloads.loss_of(m(**make_batch(16, gen))).backward()
+        o.step()
+        o.zero_grad()
+    before = m.autosync_tuner.committed
+    m.release()
+    return before is not None
+
+
+def test_a_training_that_ends_during_the_search_writes_what_it_measured_so_far(tmp_path):
+    """8 steps: the default's first window (1 + 4 steps) is measured, its candidate has not trained a window yet;
+    ``release`` commits the default and writes the file, saying why. Broken variant: a release that does not
+    finish the search writes no file."""
+    out = tmp_path / "auto.yaml"
+    with RankPool(2, ranks_per_host=1) as pool:
+        before = pool.run(_short, str(out), 8, timeout=300)
+    assert before == [False, False], "the search must still be open at the end of this training"
+    text = out.read_text()
+    assert text.startswith("# autosync auto (measured during training): ") and Strategy.default().hash in \
+        text.splitlines()[1], text[:600]
+    assert "# why: the training ended during the search: the fastest measured so far" in text, text[:800]
+    assert Strategy.from_dict(__import__("yaml").safe_load(text)).hash == Strategy.default().hash
 
 
 def test_autosync_run_strategy_auto_prints_each_window_and_the_commit(tmp_path):

@@ -213,7 +213,15 @@ class Unsynchronized(torch.nn.Module):
 
 
 def release(ddp_model) -> None:
-    """Stop the hook's worker thread and destroy the subgroups it made."""
+    """Stop the hook's worker thread and destroy the subgroups it made; with ``"auto"``
+    (:func:`autosync.api.register`), first the tuner commits what it measured if its search had not ended. The
+    model ``autosync.apply(model, optimizer, "auto")`` returned releases itself (its ``release``)."""
+    if callable(getattr(type(ddp_model), "release", None)):     # a SwitchableModel: its tuner, then its DDP's hook
+        ddp_model.release()
+        return
+    tuner = getattr(ddp_model, "autosync_tuner", None)
+    if tuner is not None:
+        tuner.finish()
     state = getattr(ddp_model, "autosync_state", None)
     if state is not None:
         state.close()

@@ -108,7 +108,12 @@ class SwitchableModel(torch.nn.Module):
         return None
 
     def release(self) -> None:
-        """Stop the current hook's worker thread and destroy its subgroups."""
+        """The end of the training: ``"auto"``'s tuner commits what it measured if its search had not ended
+        (:meth:`~autosync.search.online.OnlineTuner.finish`); then the current hook's worker thread stops and its
+        subgroups go."""
+        tuner = getattr(self, "autosync_tuner", None)
+        if tuner is not None:
+            tuner.finish()
         if self.ddp is not None:
             self.ddp.autosync_state.close()
 

@@ -105,6 +105,8 @@ class AutosyncDDPStrategy(DDPStrategy):
         return self._tuner
 
     def teardown(self) -> None:
+        if self._tuner is not None:     # a training that ended during the search: what it measured so far
+            self._tuner.finish()
         if self.autosync_state is not None:
             self.autosync_state.close()
         super().teardown()

@@ -109,5 +109,7 @@ class AutosyncCallback(TrainerCallback):
             self.state = self.switch.state
 
     def on_train_end(self, args, state, control, **kwargs):
+        if self.tuner is not None:      # a training that ended during the search: what it measured so far
+            self.tuner.finish()
         if self.state is not None:
             self.state.close()

@@ -30,7 +30,9 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    one window. The one-time profiling (the network's few seconds of collectives) is not part of the budget; it
    is reported as ``overhead_s`` with the switches and decisions.
 4. **Commit**: the fastest measured (the default unless something beat it), for the rest of the training.
-   ``on_commit(strategy, windows)`` runs on rank 0 (the API writes the strategy file there).
+   ``on_commit(strategy, windows)`` runs on rank 0 (the API writes the strategy file there). A training that ends
+   during the search commits what it measured so far (:meth:`OnlineTuner.finish`, called by ``release`` and the
+   integrations' end of training).
 5. **Drift**: after the commit every rank keeps timing its steps (a clock read per step); every ``2 * window``
    steps the slowest rank's median is compared with the committed strategy's figure. When it is slower by more
    than ``drift`` (default 25%) or twice the committed windows' spread, whichever is larger, in ``3`` such
@@ -295,7 +297,9 @@ class OnlineTuner:
             return self._lost_before
         best = min(figures.values(), key=lambda t: t[0])[1]
         live = [w for w in self.windows if w.epoch == self.epoch and w.median_s is not None]
-        wall = statistics.median(w.median_s for w in live if w.strategy.hash == best.hash)
+        best_ws = [w for w in live if w.strategy.hash == best.hash]
+        best_ws = [w for w in best_ws if not w.busy] or best_ws       # as its figure: not while rank 0 predicted
+        wall = statistics.median(w.median_s for w in best_ws)
         return self._lost_before + sum((len(w.steps_s) + self.settle) * max(0.0, w.median_s - wall) for w in live
                                        if w.source == "predicted")
 
@@ -385,6 +389,30 @@ class OnlineTuner:
                       f"{self.overhead_s:.1f} s outside them")
             if self.on_commit is not None:
                 self.on_commit(strategy, self)
+
+    def finish(self) -> None:
+        """The training ended: if the search had not committed yet, rank 0 commits what it measured so far (the
+        fastest measured strategy by effective step time, the default unless something beat it) through
+        ``on_commit`` (the strategy file), without switching: nothing trains any more. Not collective; a no-op on
+        the other ranks, after a commit, or before the first window ended (nothing measured: no file)."""
+        if self.committed is not None or self.rank != 0:
+            return
+        figures = self._figures()
+        if not figures:
+            self._say(f"the training ended at step {self.steps}, before the first window: nothing to commit")
+            return
+        best_s, best = min(figures.values(), key=lambda t: t[0])
+        default = figures.get(self.default_hash)
+        if default is not None and best_s >= default[0]:
+            best_s, best = default
+        vs = f", {default[0] / best_s:.2f}x the default's step" if default is not None and best is not default[1] \
+            else ""
+        why = f"the training ended during the search: the fastest measured so far{vs}"
+        self.committed, self.committed_s, self.committed_at, self.committed_why = best, best_s, self.steps, why
+        self._say(f"committed to {best.summary()} at step {self.steps}: {why}; exploration took "
+                  f"{self.exploration_steps()} of {self.steps} steps ({self.lost_s():.2f} s lost against the best)")
+        if self.on_commit is not None:
+            self.on_commit(best, self)
 
     def exploration_steps(self) -> int:
         """Steps trained by candidates that were not committed to (what exploring cost)."""
