@@ -4,7 +4,8 @@
 Each round runs one fresh Python process per arm, interleaved (spawn, forkserver, forkserver + dynamo, spawn, ...):
 it starts ``--pools`` 2-rank pools one after another (as a `tune` does: the measured trials, the efficiency meter's
 ranks, a restart after a failed trial), runs one small task on each (join the process group, an all-reduce, build
-an SGD optimizer as every trial does) and closes it. Per process: the wall time of the first start (under forkserver it includes the server's own
+mlp and an SGD optimizer and train 20 steps, as a trial does) and closes it. The last arm, what RankPool uses,
+also freezes the server's objects (``gc.freeze``, :mod:`autosync.executor._frozen`) before it forks. Per process: the wall time of the first start (under forkserver it includes the server's own
 torch import), the median of the later ones, the whole process's wall time, and the CPU time the whole machine
 spent meanwhile (/proc/stat: every process, the ranks and the forkserver included). Medians over ``--rounds``.
 
@@ -26,14 +27,24 @@ def _all_reduce(ctx):
     import torch
     import torch.distributed as dist
 
+    from autosync import workloads
+
     t = torch.ones(1000)
     dist.all_reduce(t)
-    torch.optim.SGD(torch.nn.Linear(4, 4).parameters(), lr=0.1)
+    model, make_batch = workloads.build("mlp", seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(ctx.rank)
+    for _ in range(20):
+        workloads.loss_of(model(**make_batch(32, gen))).backward()
+        opt.step()
+        opt.zero_grad()
     return float(t[0])
 
 
 ARMS = {"spawn": ("spawn", None), "forkserver (torch)": ("forkserver", ["torch", "torch.distributed"]),
-        "forkserver (torch + _dynamo)": ("forkserver", ["torch", "torch.distributed", "torch._dynamo"])}
+        "forkserver (torch + _dynamo)": ("forkserver", ["torch", "torch.distributed", "torch._dynamo"]),
+        "forkserver (torch + _dynamo, frozen)": ("forkserver", ["torch", "torch.distributed", "torch._dynamo",
+                                                                "autosync.executor._frozen"])}
 
 
 def child(arm: str, pools: int) -> None:
@@ -90,16 +101,18 @@ def main() -> None:
             print(f"round {r + 1} {m}: first start {starts[0]:.2f} s, later {statistics.median(starts[1:]):.2f} s, "
                   f"process {wall:.1f} s, machine CPU {cpu:.1f} s", flush=True)
     med = {m: {k: statistics.median(v) for k, v in res[m].items()} for m in methods}
-    spawn, old, new = methods
+    new = methods[-1]
     lines = ["# Rank pool start: forkserver against spawn, and what the forkserver preloads", "",
              f"{args.rounds} interleaved rounds; per round one fresh process per arm starting {args.pools} "
-             f"2-rank pools in turn (each runs one all-reduce and builds an SGD optimizer). Medians; ratios > 1: the "
-             f"second arm is faster. RankPool uses the last arm. {os.cpu_count()} cores.", "",
-             f"| | {' | '.join(methods)} | {spawn} / {new} | {old} / {new} |", "|---|---:|---:|---:|---:|---:|"]
+             f"2-rank pools in turn (each runs one all-reduce, then builds mlp and an SGD optimizer and trains 20 "
+             f"steps, as a trial does). Medians; ratios = each arm / the last (> 1: the last is faster). RankPool "
+             f"uses the last arm. {os.cpu_count()} cores.", "",
+             f"| | {' | '.join(methods)} | " + " | ".join(f"{m} / last" for m in methods[:-1]) + " |",
+             "|---|" + "---:|" * (2 * len(methods) - 1)]
     for k, what in (("first", "first pool start, s"), ("later", "each later pool start, s"),
                     ("wall", f"whole process ({args.pools} pools), s"), ("cpu", "machine CPU of the process, s")):
         lines.append(f"| {what} | {' | '.join(f'{med[m][k]:.2f}' for m in methods)} | "
-                     f"{med[spawn][k] / med[new][k]:.2f}x | {med[old][k] / med[new][k]:.2f}x |")
+                     + " | ".join(f"{med[m][k] / med[new][k]:.2f}x" for m in methods[:-1]) + " |")
     write_result(args.out, lines)
     print("\n".join(lines))
 

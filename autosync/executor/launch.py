@@ -43,9 +43,10 @@ log = logging.getLogger(__name__)
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 #: what the forkserver imports once for every rank it forks. ``torch._dynamo``: torch's optimizers import it on their
-#: first construction (``torch._disable_dynamo``), 1.5 s of CPU per rank here, paid by every trial's ranks otherwise
-#: (bench/pool_start.py)
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo"]
+#: first construction (``torch._disable_dynamo``), 1.5 s of CPU per rank here, paid by every trial's ranks otherwise;
+#: last, :mod:`autosync.executor._frozen` freezes the server's objects so that the ranks' collections leave them
+#: (and the pages they share with the server) alone (bench/pool_start.py)
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "autosync.executor._frozen"]
 STARTED = "started"                        # a rank's marker file: it reached _rank_main
 RANKS_DIR = "autosync-ranks-"              # + "<launcher pid>@<host>-": a pool's folder of rank outputs (temp dir)
 _live_pools: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
