@@ -809,6 +809,9 @@ def _restarted_job_cluster(store: DatasetStore, pool, workload, batch: int) -> C
         cluster = Cluster.parse(context_id.split("|")[2])
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return None
+    if (cluster.nodes, cluster.ranks_per_node) != (max(pool.world_size // pool.ranks_per_host, 1),
+                                                   pool.ranks_per_host):
+        return None                       # the job came back in another shape: another cluster
     try:
         same = Context.on(pool, workload, batch, cluster).id == context_id
     except (UserError, ValueError):

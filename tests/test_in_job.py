@@ -72,6 +72,30 @@ def test_a_torchrun_job_across_emulated_hosts_tunes_in_job_and_stores_a_killed_t
     nothing_left()
 
 
+def test_a_restart_takes_the_label_of_the_trial_it_died_in_and_nothing_else(tmp_path):
+    """The journal of a trial an earlier run of the job never finished names its context: a restart of the same
+    workload, batch, shape and network takes that label (whatever its links measure now); anything else, none."""
+    import json
+    from types import SimpleNamespace
+
+    from autosync.api import _restarted_job_cluster
+    from autosync.context import Context
+    from autosync.search.trials import Journal
+
+    pool = SimpleNamespace(network="real", backend="gloo", device="cpu", world_size=2, ranks_per_host=1)
+    store = DatasetStore(tmp_path / "d")
+    assert _restarted_job_cluster(store, pool, "mlp", 128) is None                 # no unfinished trial
+    Journal(store).path.write_text(json.dumps({"context_id": Context.on(pool, "mlp", 128,
+                                                                         parse_cluster("2x1@500mbit")).id}))
+    assert str(_restarted_job_cluster(store, pool, "mlp", 128)) == "2x1@500mbit"
+    assert _restarted_job_cluster(store, pool, "mlp", 64) is None                  # another batch
+    assert _restarted_job_cluster(store, pool, "resnet-tiny", 128) is None         # another workload
+    four = SimpleNamespace(**{**vars(pool), "world_size": 4})
+    assert _restarted_job_cluster(store, four, "mlp", 128) is None                 # another shape
+    Journal(store).path.write_text("{not json")
+    assert _restarted_job_cluster(store, pool, "mlp", 128) is None
+
+
 def test_hosts_come_from_node_ranks_and_a_non_uniform_job_is_refused_in_one_line():
     from autosync.errors import UserError
     from autosync.executor.job import ranks_per_host
