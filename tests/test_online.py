@@ -54,8 +54,7 @@ def slow_down(rank: int, step: int, slow_from: int, tuner) -> None:
     if rank != 1 or step < slow_from:
         return
     if not hasattr(tuner, "test_slowdown_s"):    # fixed at the first slow step: a later commit must not move it
-        limit = (1 + max(tuner.drift, 2 * tuner.committed_spread)) * (tuner.committed_s or 0.1)
-        tuner.test_slowdown_s = min(1.0, max(0.15, 1.5 * limit))
+        tuner.test_slowdown_s = min(1.0, max(0.15, 1.5 * tuner.drift_limit_s()))
     time.sleep(tuner.test_slowdown_s)
 
 

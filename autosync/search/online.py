@@ -169,12 +169,16 @@ class OnlineTuner:
         self._last = time.perf_counter()
 
     # --- after the commit: drift (collective) ------------------------------------------------------
+    def drift_limit_s(self) -> float:
+        """The step time beyond which a watch window counts as drifted: the committed figure times 1 + the larger of
+        ``drift`` and twice the committed windows' spread (0 before a commit measured one)."""
+        return (1 + max(self.drift, 2 * self.committed_spread)) * (self.committed_s or 0.0)
+
     def _check_drift(self) -> None:
         figure = torch.tensor([statistics.median(self._watch)], dtype=torch.float64)
         dist.all_reduce(figure, op=dist.ReduceOp.MAX)
         self._watch = []
-        limit = (1 + max(self.drift, 2 * self.committed_spread)) * (self.committed_s or 0.0)
-        slow = self.committed_s is not None and float(figure[0]) > limit
+        slow = self.committed_s is not None and float(figure[0]) > self.drift_limit_s()
         self._drifted = self._drifted + 1 if slow else 0
         if self._drifted < 3 or self.epoch >= self.max_reexplore:
             return
