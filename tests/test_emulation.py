@@ -168,7 +168,7 @@ def test_the_netem_probe_names_no_namespace():
 def test_a_half_speed_host_sets_the_bsp_step_time():
     """node1 at cpu:0.5 measures ~0.5 (cluster check's compute probe) and BSP's step follows it; lifting the
     limits in the same pool (the same ranks, network and cores) gives the even reference. Three interleaved
-    pairs, compared by median: CI read 1.35x from one pair (typical here 1.6-2.1x)."""
+    pairs, compared by median."""
     cluster = parse_cluster("2x1@10gbit;node1=cpu:0.5")
     spec = TrialSpec("resnet-tiny", DEFAULT, 32, warmup_steps=2, steps=8)   # the median of 3 steps read 1.48x once
     uneven, even = [], []
@@ -181,15 +181,14 @@ def test_a_half_speed_host_sets_the_bsp_step_time():
             emu.limits.lift(True)
             even.append(measure(pool, spec, timeout=180)[0])
     assert all(r.ok for r in uneven + even), [r.reason for r in uneven + even]
-    # cpu:0.5 is half of a core, not half of what the host would get: another busy process takes share from the
-    # unlimited reference, not from the limit, so the ratio rises under load (alone ~0.5; beside a test run 0.73,
-    # beside a CPU hog 0.68 and 0.82: two ranks and the hog on two cores give the reference ~2/3 of a core). A
-    # limit that did nothing reads ~1.0: the bounds sit between.
-    assert speeds[0].measured_speed > 0.8 and 0.35 < speeds[1].measured_speed < 0.9, speeds
-    # compute is most of a step at 10 gbit, so half speed on one host near doubles it alone (1.6-2.1x), ~1.3-1.5x
-    # beside a CPU hog (0.5 of a core against ~2/3); unlimited reads ~1.0
+    # The ranks' cgroups outweigh other processes (emulate.RANK_WEIGHT), so a busy process beside takes what the
+    # ranks leave, not the full-speed host's share: beside a CPU hog host 1 read 0.49 and 0.51 (0.72 at the default
+    # weight, when the hog cut host 0's share to ~0.8 of a core), alone 0.50-0.57. A limit that did nothing reads ~1.0.
+    assert speeds[0].measured_speed > 0.8 and 0.35 < speeds[1].measured_speed < 0.8, speeds
+    # compute is most of a step at 10 gbit, so half speed on one host near doubles it: 1.76x alone, 2.03x and 2.13x
+    # beside a CPU hog; unlimited reads ~1.0
     slow, fast = (statistics.median(r.step_s for r in rs) for rs in (uneven, even))
-    assert slow > 1.2 * fast, ([r.step_s for r in uneven], [r.step_s for r in even])
+    assert slow > 1.3 * fast, ([r.step_s for r in uneven], [r.step_s for r in even])
 
 
 def test_timed_asp_on_a_half_speed_host_is_not_held_in_lockstep():

@@ -21,6 +21,10 @@ control: cgroup v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, or v2 ``cpu.max
 per rank, which the rank joins before it starts torch. Intermittent stragglers
 (``;stragglers=Xx@P%``) are a thread of this process that, every slice, draws whether one random
 rank computes X times slower for the slice (its quota divided by X) and restores it after.
+Those cgroups weigh 64 times a default process (v1 ``cpu.shares``, v2 ``cpu.weight``): a speed is a
+fraction of a share the host has, so another busy process on this machine takes what the ranks leave,
+not part of the full-speed hosts' share (at the default weight a CPU hog beside a ``cpu:0.5`` host
+read it at 0.72 of the full-speed host, whose share the hog had cut to ~0.8 of a core).
 
 Every namespace and cgroup is named ``autosync-<pid>-<token>-...``: the devices live and die with
 the namespaces. ``down()`` (context exit, exception, Ctrl-C, SIGTERM, interpreter exit) deletes
@@ -56,8 +60,9 @@ HOST_IF = "veth0"
 # (<pid>-<hex>-sw|h<i>|r<i>) and probes (<pid>-0-probe...). The pid says whose it is: a sweep (and the tests'
 # leak checks) leave a live process's alone, probes included (a probe of a run beside this one once read as left).
 _NAME = re.compile(rf"^{PREFIX}(\d+)-")
-CFS_PERIOD_US = 10_000
-KEEPER_START_S = 30.0    # a delay line that has not opened its devices by then is an error   # short periods: a limited rank is throttled in 10 ms slices, not 100 ms bursts
+CFS_PERIOD_US = 10_000   # short periods: a limited rank is throttled in 10 ms slices, not 100 ms bursts
+RANK_WEIGHT = 64        # a limited cluster's rank cgroup against a default process (see the module's docstring)
+KEEPER_START_S = 30.0    # a delay line that has not opened its devices by then is an error
 
 
 
@@ -137,8 +142,10 @@ class CpuLimits:
         self._thread: threading.Thread | None = None
 
     def create(self) -> None:
+        knob, weight = ("cpu.shares", 1024 * RANK_WEIGHT) if self.version == 1 else ("cpu.weight", 100 * RANK_WEIGHT)
         for p in self.paths:
             p.mkdir()
+            (p / knob).write_text(str(weight))
         for r in range(len(self.paths)):
             self._apply(r)
         if self.cluster.stragglers is not None:
