@@ -95,7 +95,7 @@ def run_context(pool, cluster, spec, wl, args, data, work, settings, say):
             return dict(row, left_out=f"flat: the DDP default's held-out loss falls only {start:.4g} -> {goal:.4g}")
         row["target_loss"] = goal
         journal = Journal(work / "contexts" / f"{safe_name(ctx)}.steps.json",
-                          {"goal": goal, "seeds": args.seeds, "cap": args.cap, "tune": args.tune})
+                          {"goal": goal, "seeds": args.seeds, "cap": args.cap})   # the tune arm is a step of its own
         arms = arm_strategies(profile)
         if args.tune:
             kept = journal.step("search tune m8", lambda: _tune(pool, profile, wl, args, data, work, ctx, say))
