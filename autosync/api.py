@@ -662,8 +662,9 @@ def auto(model, optimizer, process_group=None, ranks_per_host: int | None = None
     would DDP's; the search runs in windows of its own steps (:mod:`autosync.search.online`).
 
     The training starts on the DDP default; after one window rank 0 profiles the model from those steps and the
-    network from a few seconds of collectives, the cost model predicts ``candidates`` diverse lossless strategies
-    (as ``tune --measure 0`` would), each trains a window, and the fastest measured one (the default unless
+    network from a few seconds of collectives, the cost model predicts ``candidates`` diverse strategies
+    (as ``tune --measure 0`` would; lossy ones, compressors and local modes such as local SGD and DiLoCo, judged
+    at their predicted efficiency), each trains a window, and the fastest measured one (the default unless
     something beat it) trains the rest. ``options`` (:class:`AutoOptions`): ``out``, the strategy file rank 0
     writes at the commit (checked first; None: none), which :func:`autosync.load_strategy` loads; ``data``, the
     dataset folder rank 0 appends the windows to (one row per strategy, source ``auto``, as ``tune`` stores its
@@ -691,6 +692,7 @@ def auto(model, optimizer, process_group=None, ranks_per_host: int | None = None
         raise UserError('strategy="auto" needs torch.distributed initialized (init_process_group) first')
     sw_model = SwitchableModel(model, Strategy.default(), ranks_per_host=_ranks_per_host(ranks_per_host))
     sw_opt = SwitchableOptimizer(optimizer)
+    sw_model.bind(sw_opt)                  # the local modes (local SGD, DiLoCo) step it through their averager
     tuner = auto_tuner(sw_model, optimizer, opts, ranks_per_host)
     sw_opt.on_step.append(tuner.after_step)
     object.__setattr__(sw_model, "autosync_tuner", tuner)    # its windows and commit, for whoever wants to look
@@ -728,6 +730,7 @@ def _record_windows(tuner, store: DatasetStore) -> int:
     import statistics
 
     from autosync.executor.measure import TrialResult
+    from autosync.search.online import round_of
     from autosync.search.trials import trial_row
 
     profile = tuner.profile
@@ -749,6 +752,7 @@ def _record_windows(tuner, store: DatasetStore) -> int:
             step = statistics.median(w.median_s for w in windows)
             result = TrialResult(m.workload, strategy.hash, world, m.batch_size, "ok",
                                  samples_per_s=m.batch_size * world / step, step_s=step,
+                                 step_stat="mean" if round_of(strategy) > 1 else "median",
                                  cv=statistics.pstdev(steps) / statistics.fmean(steps), peak_mem_mb=m.peak_mem_mb,
                                  step_times=steps)
         rows.append(trial_row(profile, strategy, "auto", result))

@@ -326,3 +326,94 @@ def test_auto_options_and_the_job_cluster_from_a_measured_network():
         api.AutoOptions.build(objective="fastest")
     with pytest.raises(UserError, match=r"budget is a share of the training time in \(0, 1\]"):
         api.AutoOptions.build(budget=0)
+
+
+def _local_round_trip(ctx):
+    """Train mlp with Adam: 2 steps by the DDP default, 6 by local SGD (period 4, no warm-up: torch's averager
+    averages at its steps 0 and 4), then switch back to the default and train 2 more. Returns, per phase, what the
+    test compares across ranks."""
+    import torch
+    import torch.distributed as dist
+
+    from autosync import workloads
+    from autosync.executor.switch import SwitchableModel, SwitchableOptimizer
+
+    torch.manual_seed(0)
+    model, make_batch = workloads.build("mlp", seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(1000 + ctx.rank)       # each rank its own batches: local steps drift
+    m, o = SwitchableModel(model, Strategy.default(), ranks_per_host=1), SwitchableOptimizer(opt)
+    m.bind(o)
+
+    def flat():
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+
+    def moments():
+        return torch.cat([opt.state[p][k].reshape(-1) for p in model.parameters() for k in ("exp_avg", "exp_avg_sq")])
+
+    def step():
+        workloads.loss_of(m(**make_batch(16, gen))).backward()
+        o.step()
+        o.zero_grad()
+
+    def gathered(t):
+        out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, t)
+        return torch.stack(out)
+
+    out = {}
+    try:
+        for _ in range(2):
+            step()
+        local = Strategy.from_dict({"sync": {"mode": "local_sgd", "period": 4, "warmup_steps": 0}})
+        assert m.switch(local) is None and type(o.inner).__name__ == "PostLocalSGDOptimizer"
+        after = []
+        for _ in range(6):
+            step()
+            after.append(gathered(flat()))
+        out["local"] = [float((a[0] - a[1]).abs().max()) for a in after]   # 0 where the averager averaged
+        before_params, before_moments = gathered(flat()), gathered(moments())
+        assert m.switch(Strategy.default()) is None and o.inner is opt
+        out["params_vs_mean"] = float((flat() - before_params.mean(0)).abs().max())
+        out["moments_vs_mean"] = float((moments() - before_moments.mean(0)).abs().max())
+        out["moments_apart_before"] = float((before_moments[0] - before_moments[1]).abs().max())
+        for _ in range(2):
+            step()
+        final = gathered(flat())
+        out["apart_after"] = float((final[0] - final[1]).abs().max())
+    finally:
+        m.release()
+    return out
+
+
+def test_a_local_mode_switched_to_averages_by_its_period_and_leaving_it_averages_parameters_and_optimizer_state():
+    """``"auto"`` explores local SGD and DiLoCo live: the optimizer steps through the mode's averager while it
+    trains (torch's averager averages at its steps 0 and 4 of period 4: the ranks are equal there and apart between),
+    and leaving it puts every rank on the mean of the ranks' parameters and of their Adam moments, from which DDP
+    keeps them equal. Broken variants: a switch that leaves without averaging (parameters and moments off the
+    mean, ranks apart after), one that averages the parameters only (moments off the mean), an optimizer whose step
+    skips the averager (ranks apart at steps 0 and 4)."""
+    with RankPool(2, ranks_per_host=1) as pool:
+        r0, r1 = pool.run(_local_round_trip)
+    assert r0["local"] == r1["local"]
+    eq, apart = [r0["local"][i] for i in (0, 4)], [r0["local"][i] for i in (1, 2, 3, 5)]
+    assert max(eq) == 0.0 and min(apart) > 1e-6, r0["local"]
+    assert r0["moments_apart_before"] > 1e-9, r0          # the moments had drifted: their mean is a real test
+    for r in (r0, r1):
+        assert r["params_vs_mean"] < 1e-6 and r["moments_vs_mean"] < 1e-9, r
+    assert r0["apart_after"] == 0.0 and r1["apart_after"] == 0.0
+
+
+def test_a_local_modes_window_times_whole_rounds_and_reads_their_mean():
+    """A window of a local mode covers whole periods after its warm-up, and its figure is the mean step (the
+    averaging step included), as a trial's; bsp's is the median. Broken variant: the median of [0.1, 0.1, 0.1,
+    0.5] x 2 reads 0.1 and hides the averaging."""
+    from autosync.search.online import OnlineTuner, figure
+
+    diloco = Strategy.from_dict({"sync": {"mode": "diloco", "period": 8, "warmup_steps": 4}})
+    steps = [0.1, 0.1, 0.1, 0.5] * 2
+    assert figure(diloco, steps)[0] == pytest.approx(0.2) and figure(Strategy.default(), steps)[0] == 0.1
+    tuner = OnlineTuner.__new__(OnlineTuner)
+    tuner.window, tuner.settle = 6, 2
+    assert (tuner.timed_of(diloco), tuner.settle_of(diloco)) == (8, 5)
+    assert (tuner.timed_of(Strategy.default()), tuner.settle_of(Strategy.default())) == (6, 2)

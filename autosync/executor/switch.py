@@ -15,9 +15,20 @@ the reasons on every rank (``"rank 1: RuntimeError: ..."``). Only then is the ne
 (``init_sync=False``: the ranks' parameters are equal, as every lossless step leaves them), its hook registered
 and the old DDP released. Gradients are set to None at a switch (a step has just consumed them).
 
-What can be switched to: synchronous modes that leave the optimizer alone (``bsp``) with any plans, compressors and
-fusion. Entries that reshape or wrap the optimizer (ZeRO's sharded state, local SGD's and DiLoCo's averagers) or
-train without DDP (asp) are refused with one line: they are not explored live. A strategy that raises inside
+What can be switched to: synchronous modes with any plans, compressors and fusion; and, by a
+:class:`SwitchableModel` that holds the training's :class:`SwitchableOptimizer` (:meth:`SwitchableModel.bind`), the
+local modes that wrap the optimizer (``local_sgd``, ``diloco``, ``adaptive``, ``selective``): the optimizer's
+``step`` then runs through the mode's wrapper (torch's ``PostLocalSGDOptimizer`` with the mode's averager), the
+same one :func:`~autosync.executor.apply.apply` builds. Under a local mode the ranks' parameters and optimizer
+states drift apart; **leaving one** (a collective, at the switch) first finishes the averager's work in flight,
+then averages every parameter and every floating-point optimizer state tensor over all ranks
+(torch's ``average_parameters``)::
+
+    theta <- mean_r theta_r        s <- mean_r s_r   (each state tensor s: Adam's moments, SGD's momentum, ...)
+
+so every rank starts the next strategy from the same parameters, as DDP requires. Refused with one line, never
+explored live: ZeRO's sharded state, asp (it trains without DDP, each rank at its own pace), and local modes on a
+framework's DDP (:class:`SwitchableHook`: the framework steps its own optimizer). A strategy that raises inside
 the comm hook during a backward is not caught here: torch raises it from the user's ``backward()``.
 """
 from __future__ import annotations
@@ -32,16 +43,31 @@ from autosync.strategy import Strategy
 from autosync.workloads import embedding_parameter_names
 
 
-def switchable(strategy: Strategy) -> str | None:
-    """Why ``strategy`` cannot be switched to in a live training (None: it can)."""
+def switchable(strategy: Strategy, local: bool = False) -> str | None:
+    """Why ``strategy`` cannot be switched to in a live training (None: it can); ``local``: the switcher can run the
+    local modes that wrap the optimizer (a :class:`SwitchableModel` bound to its optimizer)."""
     if strategy.optimizer_sharding == "zero":
         return "optimizer_sharding: zero reshapes the optimizer's state"
     kind = strategy.sync.kind
     if kind.asynchronous:
         return f"sync mode {strategy.sync.mode} trains without DDP"
-    if kind.wraps_optimizer:
+    if kind.wraps_optimizer and not local:
         return f"sync mode {strategy.sync.mode} wraps the optimizer"
     return None
+
+
+def average_everywhere(params: list, optimizer, pg) -> None:
+    """Collective: every parameter in ``params`` and every floating-point state tensor ``optimizer`` holds for them,
+    averaged over the ranks of ``pg`` in place (one flat all-reduce, torch's ``average_parameters``)."""
+    from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+    tensors = list(params)
+    for p in params:
+        for _, t in sorted(optimizer.state.get(p, {}).items()):
+            if torch.is_tensor(t) and t.is_floating_point():
+                tensors.append(t)
+    with torch.no_grad():
+        average_parameters(iter(tensors), pg)
 
 
 class SwitchableModel(torch.nn.Module):
@@ -58,6 +84,7 @@ class SwitchableModel(torch.nn.Module):
         object.__setattr__(self, "_embeddings", embedding_parameter_names(module))
         object.__setattr__(self, "ddp", None)
         object.__setattr__(self, "strategy", None)
+        object.__setattr__(self, "_optimizer", None)
         why = switchable(strategy)
         if why:
             raise ValueError(f"cannot train by {strategy.summary()}: {why}")
@@ -68,10 +95,14 @@ class SwitchableModel(torch.nn.Module):
     def autosync_state(self) -> SyncState:
         return self.ddp.autosync_state
 
-    @staticmethod
-    def adapt(strategy: Strategy) -> Strategy:
-        """The strategy as this switcher would train it: itself (the DDP is wrapped again at each switch)."""
-        return strategy
+    def bind(self, optimizer: "SwitchableOptimizer") -> None:
+        """The training's optimizer: with it the local modes can be switched to (their wrapper steps it)."""
+        object.__setattr__(self, "_optimizer", optimizer)
+
+    def adapt(self, strategy: Strategy) -> Strategy | None:
+        """The strategy as this switcher would train it: itself (the DDP is wrapped again at each switch); None when
+        it cannot (:func:`switchable`)."""
+        return None if switchable(strategy, local=self._optimizer is not None) else strategy
 
     def forward(self, *args, **kwargs):
         return self.ddp(*args, **kwargs)
@@ -98,13 +129,27 @@ class SwitchableModel(torch.nn.Module):
 
     def switch(self, strategy: Strategy) -> str | None:
         """Collective: move every rank to ``strategy``; None when done, else why every rank stayed where it was."""
-        state, error = candidate_state(self.module, strategy, self._pg, self._rph, self._embeddings,
+        local = self._optimizer is not None
+        state, error = candidate_state(self.module, strategy, self._pg, self._rph, self._embeddings, local=local,
                                        **self._hook_options)
         if error is not None:
             return error
+        if self.strategy.sync.kind.wraps_optimizer:     # leaving a local mode: every rank from the same point
+            inner = self._optimizer.inner
+            drain = getattr(getattr(inner, "averager", None), "drain", None)
+            if drain is not None:
+                drain()
+            average_everywhere([p for p in self.module.parameters() if p.requires_grad], self._optimizer.optimizer,
+                               self._pg)
         for p in self.module.parameters():
             p.grad = None
         self._install(strategy, state, init_sync=False)
+        if local:
+            from autosync.executor.apply import _wrap_optimizer
+
+            raw = self._optimizer.optimizer
+            self._optimizer.inner = _wrap_optimizer(raw, self.module, strategy, self._pg, state) \
+                if strategy.sync.kind.wraps_optimizer else raw
         return None
 
     def release(self) -> None:
@@ -139,10 +184,11 @@ def agree(pg, build):
     return None, "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
 
 
-def candidate_state(module, strategy: Strategy, pg, ranks_per_host, embeddings, **hook_options):
+def candidate_state(module, strategy: Strategy, pg, ranks_per_host, embeddings, local: bool = False,
+                    **hook_options):
     """Collective (as :func:`agree`): ``strategy``'s SyncState on every rank, or (None, why not). A strategy that
     cannot be switched to at all is refused on every rank alike, before anything is built."""
-    error = switchable(strategy)
+    error = switchable(strategy, local)
     if error is not None:
         return None, error
 
@@ -179,11 +225,15 @@ class SwitchableHook:
         ddp.register_comm_hook(self, _switching_hook)
         ddp.autosync_state = self.state
 
-    def adapt(self, strategy: Strategy) -> Strategy:
-        """The strategy as this switcher trains it: with the DDP's own bucket options."""
-        return framework_fusion(self.ddp, strategy)
+    def adapt(self, strategy: Strategy) -> Strategy | None:
+        """The strategy as this switcher trains it: with the DDP's own bucket options; None when it cannot (a local
+        mode: the framework steps its own optimizer)."""
+        return None if switchable(strategy) else framework_fusion(self.ddp, strategy)
 
     def switch(self, strategy: Strategy) -> str | None:
+        why = switchable(strategy)
+        if why is not None:
+            return why
         strategy = self.adapt(strategy)
         built, error = candidate_state(self.module, strategy, self._pg, self._rph, self._embeddings)
         if error is not None:
@@ -204,14 +254,16 @@ def _switching_hook(holder, bucket):     # no annotations: DDP checks them, and 
 
 
 class SwitchableOptimizer:
-    """The user's optimizer with callbacks after each ``step`` (where the online tuner may switch strategies)."""
+    """The user's optimizer with callbacks after each ``step`` (where the online tuner may switch strategies).
+    ``step`` runs through ``inner``: the optimizer itself, or a local mode's wrapper of it (set by the switch)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer
+        self.inner = optimizer
         self.on_step: list = []
 
     def step(self, closure=None):
-        out = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        out = self.inner.step(closure) if closure is not None else self.inner.step()
         for callback in self.on_step:
             callback()
         return out

@@ -12,9 +12,12 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    the :class:`~autosync.profiler.Profile` and starts ``propose(profile)`` in a thread. Until it answers, the
    default keeps training in further windows (their steps refine the default's figure), for at most
    ``max_wait_s``.
-2. **Candidate windows**: each proposed strategy (only those :func:`~autosync.executor.switch.switchable`)
-   trains ``settle + window`` steps. A window's figure is the slowest rank's median step time; its spread, the
-   slowest rank's interquartile range over that median. A candidate's *effective* step time is its median over its
+2. **Candidate windows**: each proposed strategy (only those the switcher can train: synchronous modes, and with
+   :func:`autosync.apply`'s switcher the local modes too, :mod:`autosync.executor.switch`) trains ``settle +
+   window`` steps. A window's figure is the slowest rank's median step time; its spread, the slowest rank's
+   interquartile range over that median. A local mode (local SGD, DiLoCo: cheap steps and an averaging step every
+   ``period``) times whole rounds (``window`` rounded up to its period, after its bsp warm-up) and its figure is
+   their mean (:func:`figure`), as a trial's. A candidate's *effective* step time is its median over its
    statistical efficiency: 1 for a lossless one, and for a lossy one (a compressor) the **lower bound** of the
    efficiency model's interval (or its point estimate, with ``zero_shot="point"``), so by default a lossy
    candidate wins only if that pessimistic goodput beats the lossless ones; one proposed without it is not tried, and each lossy candidate trains one window only
@@ -41,9 +44,11 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    budget applies), and the best commits again; at most ``max_reexplore`` times (default 2) in a training.
 
 Lossless candidates leave the math unchanged, so the parameters after N steps equal plain DDP's to rounding
-whichever candidates ran (``tests/test_online.py``). The API (:func:`autosync.api.auto_tuner`) writes the strategy
+whichever candidates ran (``tests/test_online.py``); leaving a local mode averages the ranks' parameters and
+optimizer states (:mod:`autosync.executor.switch`). The API (:func:`autosync.api.auto_tuner`) writes the strategy
 file and appends the windows to a dataset at the commit. Not yet: measuring a lossy candidate's efficiency during
-the training (its online signals), and the lossy sync modes that wrap the optimizer (local SGD, DiLoCo).
+the training (its online signals: it is predicted), and asp (each rank at its own pace, which windows that end
+on the same step on every rank would undo).
 """
 from __future__ import annotations
 
@@ -75,7 +80,7 @@ class Window:
     source: str                      # "default", "predicted", "incumbent" (the best so far, between candidates)
     first_step: int
     steps_s: list[float] = field(default_factory=list)   # this rank's timed steps
-    median_s: float | None = None    # the slowest rank's median step time
+    median_s: float | None = None    # the slowest rank's step time (median; a local mode's: mean of whole rounds)
     spread: float = 0.0              # the slowest rank's interquartile range / median
     outcome: str = ""                # measured, dropped: ..., failed: ...
     predicted_speedup: float | None = None
@@ -100,6 +105,22 @@ def _spread(xs: list[float]) -> float:
         return 0.0
     q = statistics.quantiles(xs, n=4)
     return (q[2] - q[0]) / statistics.median(xs)
+
+
+def round_of(strategy: Strategy) -> int:
+    """Steps after which the strategy's pattern repeats (a local mode's period; 1 for bsp)."""
+    return strategy.sync.kind.steps_per_round(strategy.sync)
+
+
+def figure(strategy: Strategy, steps_s: list[float]) -> tuple[float, float]:
+    """(step time, spread) of a rank's timed steps, as a trial reads them (:func:`autosync.executor.measure.summarize`):
+    the median and the interquartile range over it; for a strategy whose pattern repeats every k > 1 steps (a
+    local mode's cheap steps and its averaging step), whole rounds: the mean, and the spread of the rounds' times."""
+    k = round_of(strategy)
+    if k == 1:
+        return statistics.median(steps_s), _spread(steps_s)
+    rounds = [sum(steps_s[i:i + k]) for i in range(0, len(steps_s) - k + 1, k)]
+    return statistics.fmean(steps_s), _spread(rounds)
 
 
 class OnlineTuner:
@@ -153,20 +174,30 @@ class OnlineTuner:
         now = time.perf_counter()
         if self._last is not None:
             self.trained_s += now - self._last
-        if self.committed is None and self._last is not None and self.steps - self.current.first_step > self.settle:
+        if self.committed is None and self._last is not None and \
+                self.steps - self.current.first_step > self.settle_of(self.current.strategy):
             self.current.steps_s.append(now - self._last)
         elif self.committed is not None and self._last is not None:
             self._watch.append(now - self._last)
         self.steps += 1
-        if self.committed is None and len(self.current.steps_s) >= self.window:
+        if self.committed is None and len(self.current.steps_s) >= self.timed_of(self.current.strategy):
             t0 = time.perf_counter()
             self._end_window()
             self.overhead_s += time.perf_counter() - t0
-        elif self.committed is not None and len(self._watch) >= 2 * self.window:
+        elif self.committed is not None and len(self._watch) >= 2 * self.timed_of(self.committed):
             t0 = time.perf_counter()
             self._check_drift()
             self.overhead_s += time.perf_counter() - t0
         self._last = time.perf_counter()
+
+    def settle_of(self, strategy: Strategy) -> int:
+        """Untimed steps at the start of ``strategy``'s window: ``settle``, and a local mode's bsp warm-up."""
+        return max(self.settle, getattr(strategy.sync, "warmup_steps", 0) + 1 if round_of(strategy) > 1 else 0)
+
+    def timed_of(self, strategy: Strategy) -> int:
+        """Timed steps of ``strategy``'s window: ``window``, rounded up to its whole rounds."""
+        k = round_of(strategy)
+        return -(-self.window // k) * k
 
     # --- after the commit: drift (collective) ------------------------------------------------------
     def drift_limit_s(self) -> float:
@@ -175,14 +206,14 @@ class OnlineTuner:
         return (1 + max(self.drift, 2 * self.committed_spread)) * (self.committed_s or 0.0)
 
     def _check_drift(self) -> None:
-        figure = torch.tensor([statistics.median(self._watch)], dtype=torch.float64)
-        dist.all_reduce(figure, op=dist.ReduceOp.MAX)
+        now = torch.tensor([figure(self.committed, self._watch)[0]], dtype=torch.float64)
+        dist.all_reduce(now, op=dist.ReduceOp.MAX)
         self._watch = []
-        slow = self.committed_s is not None and float(figure[0]) > self.drift_limit_s()
+        slow = self.committed_s is not None and float(now[0]) > self.drift_limit_s()
         self._drifted = self._drifted + 1 if slow else 0
         if self._drifted < 3 or self.epoch >= self.max_reexplore:
             return
-        self._say(f"the step time drifted: {float(figure[0]):.4f} s against {self.committed_s:.4f} s when "
+        self._say(f"the step time drifted: {float(now[0]):.4f} s against {self.committed_s:.4f} s when "
                   f"{self.committed.summary()} was committed, in 3 windows in a row; exploring again")
         self._lost_before += self.lost_s()
         measured = {}
@@ -202,7 +233,7 @@ class OnlineTuner:
     # --- the end of a window (collective) -----------------------------------------------------------
     def _end_window(self) -> None:
         w = self.current
-        figures = torch.tensor([statistics.median(w.steps_s), _spread(w.steps_s)], dtype=torch.float64)
+        figures = torch.tensor(figure(w.strategy, w.steps_s), dtype=torch.float64)
         dist.all_reduce(figures, op=dist.ReduceOp.MAX)
         w.median_s, w.spread = float(figures[0]), float(figures[1])
         w.busy = w.busy or self.thread is not None and (self.thread.is_alive() or w.first_step <= self._answered)
@@ -304,8 +335,8 @@ class OnlineTuner:
         best_ws = [w for w in live if w.strategy.hash == best.hash]
         best_ws = [w for w in best_ws if not w.busy] or best_ws       # as its figure: not while rank 0 predicted
         wall = statistics.median(w.median_s for w in best_ws)
-        return self._lost_before + sum((len(w.steps_s) + self.settle) * max(0.0, w.median_s - wall) for w in live
-                                       if w.source == "predicted")
+        return self._lost_before + sum((len(w.steps_s) + self.settle_of(w.strategy)) * max(0.0, w.median_s - wall)
+                                       for w in live if w.source == "predicted")
 
     def _default(self) -> Window:
         """The default's figure: the median of its windows' medians, leaving out those measured while rank 0
@@ -351,9 +382,11 @@ class OnlineTuner:
                 return "stay", None
             self.queue, seen = [], {self.default_hash}
             for s, p, *eff in self.proposal["candidates"]:
-                s = self.model.adapt(s)         # as the switcher would train it (a framework's DDP keeps its buckets)
+                s = self.model.adapt(s)         # as the switcher would train it (a framework's DDP keeps its buckets;
+                if s is None:                   # None: it cannot)
+                    continue
                 e = 1.0 if s.is_lossless else (eff[0] if eff and eff[0] and eff[0] > 0 else None)
-                if s.hash not in seen and e is not None and switchable(s) is None:
+                if s.hash not in seen and e is not None:
                     seen.add(s.hash)
                     self.queue.append((s, p, e))
             self.queue = self.queue[:self.max_candidates]
@@ -421,7 +454,7 @@ class OnlineTuner:
     def exploration_steps(self) -> int:
         """Steps trained by candidates that were not committed to (what exploring cost)."""
         chosen = self.committed.hash if self.committed is not None else None
-        return sum(len(w.steps_s) + self.settle for w in self.windows
+        return sum(len(w.steps_s) + self.settle_of(w.strategy) for w in self.windows
                    if w.source == "predicted" and w.strategy.hash != chosen and w.steps_s)
 
     def _say(self, text: str) -> None:
@@ -479,7 +512,8 @@ def predict_candidates(profile, model, base, card, config, k: int = 4, adapt=Non
     their efficiency's interval (``config.zero_shot == "lower"``) or at its point estimate (``"point"``), the
     efficiency returned (how the tuner judges them); without it (throughput) by speed alone (efficiency 1); the
     speedup returned is that goodput. ``adapt``: how the switcher trains a
-    strategy (a framework's DDP keeps its bucket options); the candidates are adapted, then scored again."""
+    strategy (a framework's DDP keeps its bucket options; None where it cannot: a local mode on a framework's DDP);
+    the candidates are adapted, then scored again."""
     from autosync.search.baselines import baselines
     from autosync.search.proposer import Proposer, pick_diverse, predicted_speedup
 
@@ -490,13 +524,14 @@ def predict_candidates(profile, model, base, card, config, k: int = 4, adapt=Non
     for s, score in zip(hand, proposer.score(hand)):
         proposer.scored.setdefault(s.hash, (float(score), s))
     ranked = [(sc, s) for sc, s in proposer.ranked()
-              if (s.is_lossless or not config.lossless) and switchable(s) is None]
+              if (s.is_lossless or not config.lossless) and switchable(s, local=True) is None]
     exclude = {Strategy.default().hash}
     if adapt is not None:
         unique: dict[str, Strategy] = {}
         for _, s in ranked:
             a = adapt(s)
-            unique.setdefault(a.hash, a)
+            if a is not None:
+                unique.setdefault(a.hash, a)
         ranked = sorted(zip(proposer.score(list(unique.values())), unique.values()), key=lambda t: -t[0])
         exclude.add(adapt(Strategy.default()).hash)
     lower = {s.hash: 1.0 for _, s in ranked}
