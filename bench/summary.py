@@ -51,6 +51,10 @@ def pick(rows: list[dict[str, str]], **where) -> dict[str, str]:
     return hits[0]
 
 
+def _n(count: str, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == "1" else "s")
+
+
 def figures() -> list[tuple[str, str, str]]:
     """(what, figure, result file) per row."""
     ttq = pick(table("time_to_quality.md", "clusters"), clusters="all")
@@ -73,6 +77,9 @@ def figures() -> list[tuple[str, str, str]]:
     auto = pick(online, figure="auto end to end / DDP default (median)")
     auto_m0 = pick(online, figure="tune m0 end to end / DDP default (median)")
     explore = pick(online, figure="auto's exploration / its time to L* (median; max)")
+    diloco = table("diloco.md", "comparison")
+    outer = pick(diloco, comparison="diloco / local_sgd_8 (time to L*, higher = first faster)")
+    low_tune = pick(diloco, comparison="tune m8 / the best baseline of its context (training only)")
     data = re.search(r"^# Dataset statistics: (\d+) trials, (\d+) ok, (\d+) contexts",
                      (RESULTS / "datasheet_stats.md").read_text(), re.M)
     return [
@@ -92,6 +99,11 @@ def figures() -> list[tuple[str, str, str]]:
          "online_tuning.md"),
         ('`strategy="auto"`: time lost to exploring / its time to the target (median; max)', explore["value"],
          "online_tuning.md"),
+        (f"on slow links (100-200 mbit): DiLoCo (outer Nesterov step, period 8) / plain parameter averaging every 8 "
+         f"steps, time to the target (median of {_n(outer['contexts'], 'context')}, 2 seeds each)", f"{outer['median']}",
+         "diloco.md"),
+        (f"the same links: `tune --measure 8`'s pick (DiLoCo in its space) / the best baseline, DiLoCo's included "
+         f"(median of {_n(low_tune['contexts'], 'context')})", f"{low_tune['median']}", "diloco.md"),
         ("cost model on a held-out workload: pairs of strategies ordered right (median)",
          held["pairwise acc. (median)"], "transfer.md"),
         ("its calibrated 80% interval: share of held-out measurements inside", coverage["coverage"], "transfer.md"),
