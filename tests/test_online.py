@@ -404,15 +404,22 @@ def test_a_local_mode_switched_to_averages_by_its_period_and_leaving_it_averages
     assert r0["apart_after"] == 0.0 and r1["apart_after"] == 0.0
 
 
-def test_a_local_modes_window_times_whole_rounds_and_reads_their_mean():
-    """A window of a local mode covers whole periods after its warm-up, and its figure is the mean step (the
-    averaging step included), as a trial's; bsp's is the median. Broken variant: the median of [0.1, 0.1, 0.1,
-    0.5] x 2 reads 0.1 and hides the averaging."""
+def test_a_local_modes_window_times_whole_rounds_and_counts_the_averaging_but_not_an_evaluation():
+    """A window of a local mode covers whole periods after its warm-up; its figure counts the averaging inside the
+    optimizer's step exactly (its mean over the rounds) and the rest of the step by its median, so that an
+    evaluation between two steps does not move it; bsp's is the median. Broken variants: the median of the steps
+    (0.1: hides the averaging), their plain mean (0.325 with the evaluation)."""
     from autosync.search.online import OnlineTuner, figure
 
+    diloco = Strategy.from_dict({"sync": {"mode": "diloco", "period": 4, "warmup_steps": 4}})
+    steps = [0.1, 0.1, 0.1, 0.5] * 2                  # the 4th step of each round averages inside the optimizer
+    optimizer = [0.01, 0.01, 0.01, 0.41] * 2
+    assert figure(diloco, steps, optimizer)[0] == pytest.approx(0.2) and figure(Strategy.default(), steps)[0] == 0.1
+    evaluated = list(steps)
+    evaluated[2] += 1.0                                # an evaluation of the model between steps 2 and 3
+    assert figure(diloco, evaluated, optimizer)[0] == pytest.approx(0.2)
+    assert figure(diloco, steps)[0] == pytest.approx(0.2)          # without the optimizer's times: the mean
     diloco = Strategy.from_dict({"sync": {"mode": "diloco", "period": 8, "warmup_steps": 4}})
-    steps = [0.1, 0.1, 0.1, 0.5] * 2
-    assert figure(diloco, steps)[0] == pytest.approx(0.2) and figure(Strategy.default(), steps)[0] == 0.1
     tuner = OnlineTuner.__new__(OnlineTuner)
     tuner.window, tuner.settle = 6, 2
     assert (tuner.timed_of(diloco), tuner.settle_of(diloco)) == (8, 5)

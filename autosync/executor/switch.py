@@ -33,6 +33,8 @@ the comm hook during a backward is not caught here: torch raises it from the use
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -255,15 +257,19 @@ def _switching_hook(holder, bucket):     # no annotations: DDP checks them, and 
 
 class SwitchableOptimizer:
     """The user's optimizer with callbacks after each ``step`` (where the online tuner may switch strategies).
-    ``step`` runs through ``inner``: the optimizer itself, or a local mode's wrapper of it (set by the switch)."""
+    ``step`` runs through ``inner``: the optimizer itself, or a local mode's wrapper of it (set by the switch);
+    ``last_step_s``: how long the last one took (a local mode's averaging included)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer
         self.inner = optimizer
         self.on_step: list = []
+        self.last_step_s = 0.0
 
     def step(self, closure=None):
+        t0 = time.perf_counter()
         out = self.inner.step(closure) if closure is not None else self.inner.step()
+        self.last_step_s = time.perf_counter() - t0
         for callback in self.on_step:
             callback()
         return out
