@@ -586,7 +586,7 @@ class AutoOptions:
     candidates: int = 4
     budget: float = 0.05
     objective: str = "time-to-loss"
-    zero_shot: str = "lower"
+    zero_shot: str = "point"
     data: str | Path | None = "autosync-data"
     report: Callable | None = print
     predict: Callable | None = None
@@ -654,7 +654,8 @@ def auto_tuner(switcher, optimizer, options: AutoOptions, ranks_per_host: int | 
                        window=options.window, settle=options.settle, max_candidates=options.candidates,
                        budget=options.budget,
                        ranks_per_host=rph, cluster=spec or (lambda net: _job_cluster(net, world, rph)), env=env,
-                       name=type(switcher.module).__name__, on_commit=commit, report=options.report)
+                       name=type(switcher.module).__name__, on_commit=commit, report=options.report,
+                       efficiency_rule=options.zero_shot)
 
 
 def auto(model, optimizer, process_group=None, ranks_per_host: int | None = None, **options):
@@ -673,9 +674,10 @@ def auto(model, optimizer, process_group=None, ranks_per_host: int | None = None
     per host) and the links from the measured network; ``window`` and ``settle``, timed and untimed steps of a
     window; ``candidates``; ``budget``, the share of the training time candidates may lose against the best so
     far (:mod:`autosync.search.online`); ``objective``, as ``tune``'s: ``"time-to-loss"`` (default: lossy
-    compressors admitted at the lower bound of their predicted efficiency), ``"throughput"`` or ``"lossless"``;
-    ``zero_shot``, ``"lower"`` (default) or ``"point"``: a lossy candidate judged at its predicted efficiency's
-    lower bound or at its point estimate (as ``tune --measure 0 --zero-shot``);
+    candidates admitted by their goodput at their predicted efficiency), ``"throughput"`` or ``"lossless"``;
+    ``zero_shot``, ``"point"`` (default, as ``tune``'s) or ``"lower"``: a lossy candidate judged at its predicted
+    efficiency's point estimate or at its interval's lower bound (as ``tune --measure 0 --zero-shot``;
+    ``bench/online_tuning.py`` compares the two rules end to end, arms "auto point" and "auto");
     ``report``, where rank 0's progress lines go (None: only the log);
     ``predict``, ``(profile, k, adapt) -> [(strategy, predicted speedup)]`` on rank 0 (default: the shipped cost
     model, :func:`autosync.search.online.predict_candidates`; a benchmark passes models fitted without the

@@ -163,7 +163,9 @@ def run_contexts(args, work: Path, done, measure_one, show, leave_out=None) -> l
     code = commit()
 
     def store(row):
-        row.setdefault("measured_by", f"{code}, {_now()}")    # a retrained row keeps who measured the rest
+        now = commit()        # ranks started after a commit import its code: a row says when the checkout moved
+        by = code if now == code else f"{code}, then {now} (the checkout moved during the run)"
+        row.setdefault("measured_by", f"{by}, {_now()}")    # a retrained row keeps who measured the rest
         with (Path(work) / "rows.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
         rows[(row["workload"], row["cluster"])] = row

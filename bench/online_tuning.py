@@ -7,13 +7,13 @@ per seed) until the consensus model's smoothed held-out loss reaches L* (the DDP
 search used):
 
   DDP default   the lossless reference
-  auto          ``autosync.apply(model, optimizer, "auto")``: the default trains a window, the model and network are
-                profiled from it, the cost model proposes candidates (lossy compressors admitted at the lower bound of
-                their predicted efficiency), each trains a window, the best trains the rest. Its exploration (worse
+  auto          ``autosync.apply(model, optimizer, "auto", zero_shot="lower")``: the default trains a window, the
+                model and network are profiled from it, the cost model proposes candidates (lossy ones admitted at the
+                lower bound of their predicted efficiency), each trains a window, the best trains the rest. Its exploration (worse
                 candidates' windows, the network's collectives, switches, rank 0's prediction thread) is inside its
                 time to L*: there is no separate search.
-  auto point    the same with ``zero_shot="point"``: a lossy candidate judged at its efficiency's point estimate
-                (what tune --measure 0 picks by) instead of the lower bound
+  auto point    the same with ``zero_shot="point"``, ``"auto"``'s default: a lossy candidate judged at its
+                efficiency's point estimate (what tune --measure 0 picks by) instead of the lower bound
   tune m0       `tune --measure 0` (prediction-only profile, cost and efficiency models), then its pick trains; the
                 profile and prediction time is added (end to end)
   tune m8       (``--arms`` with "tune m8") `tune --measure 8`, then its pick trains; its whole search is added
@@ -205,31 +205,34 @@ def table(rows: list[dict], arms) -> list[str]:
             t, d = e2e(r[a])[0], e2e(r["DDP default"])[0]
             return (d / t) if t and d else 0.0
 
-        ratios = [x(r, "auto") for r in done]
-        lines += ["", "| figure | value | contexts |", "|---|---:|---:|",
-                  f"| auto end to end / DDP default (median) | {statistics.median(ratios):.2f}x | {len(done)} |"]
-        points = [r for r in done if "auto point" in r]
-        if points:
-            lines.append(f"| auto point end to end / DDP default (median) | "
-                         f"{statistics.median([x(r, 'auto point') for r in points]):.2f}x | {len(points)} |")
+        lines += ["", "| figure | value | contexts |", "|---|---:|---:|"]
+        for arm in ("auto", "auto point"):       # "auto point" is strategy="auto"'s default rule
+            sel = [r for r in done if arm in r]
+            if not sel:
+                continue
+            lines.append(f"| {arm} end to end / DDP default (median) | "
+                         f"{statistics.median([x(r, arm) for r in sel]):.2f}x | {len(sel)} |")
+            for other in (a for a in arms if a.startswith("tune")):
+                both = [r for r in sel if other in r]
+                if both:
+                    beat = sum(x(r, arm) >= x(r, other) for r in both)
+                    lines.append(f"| {arm} end to end >= {other} end to end | {beat} of {len(both)} | {len(both)} |")
+            shares = [v for v in (explore_share(r[arm]) for r in sel) if v is not None]
+            if shares:
+                lines.append(f"| {arm}'s exploration / its time to L* (median; max) | {statistics.median(shares):.1%}; "
+                             f"{max(shares):.1%} | {len(shares)} |")
+            slower = []
+            for r in sel:
+                (a, _), (d, sd) = e2e(r[arm]), e2e(r["DDP default"])
+                if a is None or (d is not None and a > d * (1 + (sd or 0.0))):
+                    slower.append(f"{r['workload']} {r['cluster']}")
+            lines.append(f"| {arm} slower than the default beyond the default's spread | {len(slower)}"
+                         f"{': ' + ', '.join(slower) if slower else ''} | {len(sel)} |")
         for other in (a for a in arms if a.startswith("tune")):
             sel = [r for r in done if other in r]
             if sel:
-                beat = sum(x(r, "auto") >= x(r, other) for r in sel)
-                lines.append(f"| auto end to end >= {other} end to end | {beat} of {len(sel)} | {len(sel)} |")
                 lines.append(f"| {other} end to end / DDP default (median) | "
                              f"{statistics.median([x(r, other) for r in sel]):.2f}x | {len(sel)} |")
-        shares = [s for s in (explore_share(r["auto"]) for r in done) if s is not None]
-        if shares:
-            lines.append(f"| auto's exploration / its time to L* (median; max) | {statistics.median(shares):.1%}; "
-                         f"{max(shares):.1%} | {len(shares)} |")
-        slower = []
-        for r in done:
-            (a, _), (d, sd) = e2e(r["auto"]), e2e(r["DDP default"])
-            if a is None or (d is not None and a > d * (1 + (sd or 0.0))):
-                slower.append(f"{r['workload']} {r['cluster']}")
-        lines.append(f"| auto slower than the default beyond the default's spread | {len(slower)}"
-                     f"{': ' + ', '.join(slower) if slower else ''} | {len(done)} |")
     by: dict[str, list[str]] = {}
     for r in rows:
         by.setdefault(r.get("measured_by", "not recorded"), []).append(f"{r['workload']} {r['cluster']}")

@@ -74,9 +74,9 @@ def figures() -> list[tuple[str, str, str]]:
     sim = re.search(r"Median Spearman rho over (\d+) contexts: \*\*([0-9.]+)\*\*",
                     (RESULTS / "simulator_accuracy.md").read_text())
     online = table("online_tuning.md", "figure")
-    auto = pick(online, figure="auto end to end / DDP default (median)")
+    auto = pick(online, figure="auto point end to end / DDP default (median)")   # "auto"'s default rule
     auto_m0 = pick(online, figure="tune m0 end to end / DDP default (median)")
-    explore = pick(online, figure="auto's exploration / its time to L* (median; max)")
+    explore = pick(online, figure="auto point's exploration / its time to L* (median; max)")
     diloco = table("diloco.md", "comparison")
     outer = pick(diloco, comparison="diloco / local_sgd_8 (time to L*, higher = first faster)")
     low_tune = pick(diloco, comparison="tune m8 / the best baseline of its context (training only)")

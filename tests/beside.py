@@ -7,6 +7,8 @@ through this, so that the timed tests get a core whenever they want one and the 
 timed tests wait on emulated links most of the time). The command runs in a CPU cgroup of a quarter of the default weight
 (cgroup v1 ``cpu.shares`` 256 of 1024, v2 ``cpu.weight`` 25 of 100) named like the emulator's (``autosync-<pid>-tests``, so that
 ``autosync cluster sweep`` removes it if this process is killed); the cgroup is removed when the command ends.
+The uneven emulated clusters the command starts put their ranks in CPU cgroups of their own, outside this one: they
+get the same quarter weight (``$AUTOSYNC_RANK_WEIGHT``, :mod:`autosync.executor.emulate`).
 Nice alone does not do it: the kernel's autogroups weigh every session alike, and ranks and command lines start
 sessions of their own. Not idle (v1 ``cpu.idle``) either: starved whole while a timed test computes, a trial of the
 rest missed its 12 s time limit starting its ranks. Where no CPU cgroup is writable (no root), the command runs at
@@ -60,7 +62,9 @@ def main() -> int:
         else:
             os.nice(19)
 
-    proc = subprocess.Popen(sys.argv[1:], preexec_fn=enter)
+    # the CPU cgroups of uneven emulated clusters the command makes: at this group's weight, not above the timed tests
+    env = {**os.environ, "AUTOSYNC_RANK_WEIGHT": "0.25"}
+    proc = subprocess.Popen(sys.argv[1:], preexec_fn=enter, env=env)
     try:
         while True:
             try:

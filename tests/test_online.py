@@ -330,8 +330,8 @@ def test_auto_options_and_the_job_cluster_from_a_measured_network():
 
 def _local_round_trip(ctx):
     """Train mlp with Adam: 2 steps by the DDP default, 6 by local SGD (period 4, no warm-up: torch's averager
-    averages at its steps 0 and 4), then switch back to the default and train 2 more. Returns, per phase, what the
-    test compares across ranks."""
+    averages at its steps 0 and 4), 3 by DiLoCo (period 8: no averaging in them), then switch back to the default
+    and train 2 more. Returns, per phase, what the test compares across ranks."""
     import torch
     import torch.distributed as dist
 
@@ -373,6 +373,14 @@ def _local_round_trip(ctx):
             after.append(gathered(flat()))
         out["local"] = [float((a[0] - a[1]).abs().max()) for a in after]   # 0 where the averager averaged
         before_params, before_moments = gathered(flat()), gathered(moments())
+        mine = moments()
+        diloco = Strategy.from_dict({"sync": {"mode": "diloco", "period": 8, "warmup_steps": 0}})
+        assert m.switch(diloco) is None                   # local to local: the parameters only
+        out["local_params_vs_mean"] = float((flat() - before_params.mean(0)).abs().max())
+        out["local_moments_kept"] = float((moments() - mine).abs().max())
+        for _ in range(3):
+            step()
+        before_params, before_moments = gathered(flat()), gathered(moments())
         assert m.switch(Strategy.default()) is None and o.inner is opt
         out["params_vs_mean"] = float((flat() - before_params.mean(0)).abs().max())
         out["moments_vs_mean"] = float((moments() - before_moments.mean(0)).abs().max())
@@ -388,11 +396,12 @@ def _local_round_trip(ctx):
 
 def test_a_local_mode_switched_to_averages_by_its_period_and_leaving_it_averages_parameters_and_optimizer_state():
     """``"auto"`` explores local SGD and DiLoCo live: the optimizer steps through the mode's averager while it
-    trains (torch's averager averages at its steps 0 and 4 of period 4: the ranks are equal there and apart between),
-    and leaving it puts every rank on the mean of the ranks' parameters and of their Adam moments, from which DDP
-    keeps them equal. Broken variants: a switch that leaves without averaging (parameters and moments off the
-    mean, ranks apart after), one that averages the parameters only (moments off the mean), an optimizer whose step
-    skips the averager (ranks apart at steps 0 and 4)."""
+    trains (torch's averager averages at its steps 0 and 4 of period 4: the ranks are equal there and apart between);
+    into another local mode the ranks start from the mean of their parameters and keep their own Adam moments; back
+    to bsp every rank starts from the mean of the ranks' parameters and of their moments, from which DDP keeps them
+    equal. Broken variants: a switch that leaves without averaging (parameters and moments off the mean, ranks
+    apart after), one that averages the parameters only (moments off the mean), an optimizer whose step skips the
+    averager (ranks apart at steps 0 and 4)."""
     with RankPool(2, ranks_per_host=1) as pool:
         r0, r1 = pool.run(_local_round_trip)
     assert r0["local"] == r1["local"]
@@ -400,6 +409,7 @@ def test_a_local_mode_switched_to_averages_by_its_period_and_leaving_it_averages
     assert max(eq) == 0.0 and min(apart) > 1e-6, r0["local"]
     assert r0["moments_apart_before"] > 1e-9, r0          # the moments had drifted: their mean is a real test
     for r in (r0, r1):
+        assert r["local_params_vs_mean"] < 1e-6 and r["local_moments_kept"] == 0.0, r
         assert r["params_vs_mean"] < 1e-6 and r["moments_vs_mean"] < 1e-9, r
     assert r0["apart_after"] == 0.0 and r1["apart_after"] == 0.0
 

@@ -25,6 +25,8 @@ Those cgroups weigh 64 times a default process (v1 ``cpu.shares``, v2 ``cpu.weig
 fraction of a share the host has, so another busy process on this machine takes what the ranks leave,
 not part of the full-speed hosts' share (at the default weight a CPU hog beside a ``cpu:0.5`` host
 read it at 0.72 of the full-speed host, whose share the hog had cut to ~0.8 of a core).
+``$AUTOSYNC_RANK_WEIGHT`` sets another multiple (``tests/beside.py`` gives the ranks of the tests it runs at
+low priority its own quarter, so that they stay below the timed tests as the rest of those tests does).
 
 Every namespace and cgroup is named ``autosync-<pid>-<token>-...``: the devices live and die with
 the namespaces. ``down()`` (context exit, exception, Ctrl-C, SIGTERM, interpreter exit) deletes
@@ -142,7 +144,9 @@ class CpuLimits:
         self._thread: threading.Thread | None = None
 
     def create(self) -> None:
-        knob, weight = ("cpu.shares", 1024 * RANK_WEIGHT) if self.version == 1 else ("cpu.weight", 100 * RANK_WEIGHT)
+        scale = float(os.environ.get("AUTOSYNC_RANK_WEIGHT", RANK_WEIGHT))
+        knob, weight = ("cpu.shares", max(2, int(1024 * scale))) if self.version == 1 else \
+            ("cpu.weight", min(10_000, max(1, int(100 * scale))))
         for p in self.paths:
             p.mkdir()
             (p / knob).write_text(str(weight))

@@ -26,7 +26,9 @@ then averages every parameter and every floating-point optimizer state tensor ov
 
     theta <- mean_r theta_r        s <- mean_r s_r   (each state tensor s: Adam's moments, SGD's momentum, ...)
 
-so every rank starts the next strategy from the same parameters, as DDP requires. Refused with one line, never
+so every rank starts the next strategy from the same parameters, as DDP requires. Into another local mode only
+the parameters are averaged: the optimizer's state stays each rank's own there, as it does under one (the
+state is most of the bytes: Adam's two moments are twice the parameters'). Refused with one line, never
 explored live: ZeRO's sharded state, asp (it trains without DDP, each rank at its own pace), and local modes on a
 framework's DDP (:class:`SwitchableHook`: the framework steps its own optimizer). A strategy that raises inside
 the comm hook during a backward is not caught here: torch raises it from the user's ``backward()``.
@@ -59,12 +61,13 @@ def switchable(strategy: Strategy, local: bool = False) -> str | None:
 
 
 def average_everywhere(params: list, optimizer, pg) -> None:
-    """Collective: every parameter in ``params`` and every floating-point state tensor ``optimizer`` holds for them,
-    averaged over the ranks of ``pg`` in place (one flat all-reduce, torch's ``average_parameters``)."""
+    """Collective: every parameter in ``params`` and every floating-point state tensor ``optimizer`` (None: none)
+    holds for them, averaged over the ranks of ``pg`` in place (one flat all-reduce, torch's
+    ``average_parameters``)."""
     from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
     tensors = list(params)
-    for p in params:
+    for p in params if optimizer is not None else ():
         for _, t in sorted(optimizer.state.get(p, {}).items()):
             if torch.is_tensor(t) and t.is_floating_point():
                 tensors.append(t)
@@ -141,8 +144,9 @@ class SwitchableModel(torch.nn.Module):
             drain = getattr(getattr(inner, "averager", None), "drain", None)
             if drain is not None:
                 drain()
-            average_everywhere([p for p in self.module.parameters() if p.requires_grad], self._optimizer.optimizer,
-                               self._pg)
+            # into another local mode the optimizer's state stays each rank's own, as it is under one
+            average_everywhere([p for p in self.module.parameters() if p.requires_grad],
+                               None if strategy.sync.kind.wraps_optimizer else self._optimizer.optimizer, self._pg)
         for p in self.module.parameters():
             p.grad = None
         self._install(strategy, state, init_sync=False)

@@ -20,9 +20,11 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    the averaging inside the optimizer's step by its mean and the rest of the step by its median (:func:`figure`).
    The clock is the host's: on a GPU, kernels still running when the optimizer's step returns land in the next
    step's time. A candidate's *effective* step time is its median over its
-   statistical efficiency: 1 for a lossless one, and for a lossy one (a compressor) the **lower bound** of the
-   efficiency model's interval (or its point estimate, with ``zero_shot="point"``), so by default a lossy
-   candidate wins only if that pessimistic goodput beats the lossless ones; one proposed without it is not tried, and each lossy candidate trains one window only
+   statistical efficiency: 1 for a lossless one, and for a lossy one (a compressor, a local mode) the
+   efficiency model's prediction by the tuner's rule (``efficiency_rule``: ``"point"``, its point estimate, as
+   ``tune --measure 0`` judges it; ``"lower"``, its interval's lower bound, so that a lossy candidate wins only
+   if that pessimistic goodput beats the lossless ones); one proposed without it is not tried, and each lossy
+   candidate trains one window only
    (what it does to convergence is predicted, not measured here). A candidate whose effective step is slower than
    the default's beyond the larger spread is dropped; a candidate that fails to build on any rank reverts every
    rank to the last strategy and is recorded as failed with its reason.
@@ -87,7 +89,7 @@ class Window:
     spread: float = 0.0              # the slowest rank's interquartile range / median
     outcome: str = ""                # measured, dropped: ..., failed: ...
     predicted_speedup: float | None = None
-    efficiency: float = 1.0          # 1 for lossless; a lossy candidate's predicted efficiency's lower bound
+    efficiency: float = 1.0          # 1 for lossless; a lossy candidate's predicted efficiency (by the tuner's rule)
     busy: bool = False               # rank 0 predicted during it (its steps shared the CPU): not a figure
     epoch: int = 0                   # how many times the search had opened again when this window ran
 
@@ -146,7 +148,8 @@ class OnlineTuner:
     def __init__(self, switcher, optimizer, propose, *, window: int = 8,
                  settle: int = 3, max_candidates: int = 4, budget: float = 0.05, max_wait_s: float = 600.0,
                  drift: float = 0.25, max_reexplore: int = 2, ranks_per_host: int = 1, cluster=None,
-                 env: dict | None = None, name: str = "model", on_commit=None, report=None):
+                 env: dict | None = None, name: str = "model", on_commit=None, report=None,
+                 efficiency_rule: str = "lower"):
         if window < 4:
             raise ValueError("window must be at least 4 steps (a median and a spread)")
         if not 0 < budget <= 1:
@@ -163,6 +166,9 @@ class OnlineTuner:
         self.window, self.settle, self.max_candidates = window, settle, max_candidates
         self.max_wait_s, self.rph, self.cluster, self.env = max_wait_s, ranks_per_host, cluster, env or {}
         self.name, self.on_commit, self.report = name, on_commit, report
+        # what a lossy candidate's efficiency is (the predictions' rule: "lower", their interval's lower bound, or
+        # "point", their point estimate), as the progress lines, the file and the report say it
+        self.efficiency_rule = efficiency_rule
         self.rank = dist.get_rank()
         self.steps = 0
         self.windows: list[Window] = []
@@ -293,7 +299,8 @@ class OnlineTuner:
             if error is None:
                 self.current = Window(strategy, "predicted", self.steps, predicted_speedup=payload["predicted"],
                                       efficiency=payload["efficiency"], epoch=self.epoch)
-                lossy = "" if strategy.is_lossless else f", LOSSY: efficiency >= {payload['efficiency']:.2f} predicted"
+                lossy = "" if strategy.is_lossless else \
+                    f", LOSSY: efficiency {self._eff_op()} {payload['efficiency']:.2f} predicted"
                 self._say(f"trying {strategy.summary()} (predicted {payload['predicted'] or float('nan'):.2f}x{lossy})")
                 return
             failed = Window(strategy, "predicted", self.steps, outcome=f"failed: {error}",
@@ -382,7 +389,7 @@ class OnlineTuner:
         default = self._default()
         if last.source == "predicted" and last.median_s is not None and not last.outcome:
             limit = default.median_s * (1 + max(default.spread, last.spread))
-            per = "" if last.efficiency == 1 else f" at efficiency >= {last.efficiency:.2f}"
+            per = "" if last.efficiency == 1 else f" at efficiency {self._eff_op()} {last.efficiency:.2f}"
             if last.effective_s > limit:
                 last.outcome = (f"dropped: slower than the default{per} "
                                 f"({last.effective_s / default.median_s:.2f}x its step)")
@@ -426,11 +433,18 @@ class OnlineTuner:
         if best.hash == self.default_hash or best_s >= default.median_s:
             return "commit", {"strategy": default.strategy.canonical(), "why": "nothing beat the default",
                               "step_s": default.median_s}
-        what = "steps/s" if best.is_lossless else "goodput at its efficiency's lower bound (LOSSY)"
+        what = "steps/s" if best.is_lossless else f"goodput at {self.efficiency_words()} (LOSSY)"
         wall = statistics.median(w.median_s for w in self.windows if w.epoch == self.epoch
                                  and w.strategy.hash == best.hash and w.median_s is not None)
         return "commit", {"strategy": best.canonical(), "step_s": wall,
                           "why": f"{default.median_s / best_s:.2f}x the default's {what}"}
+
+    def _eff_op(self) -> str:
+        return "~" if self.efficiency_rule == "point" else ">="
+
+    def efficiency_words(self) -> str:
+        """What a lossy candidate's efficiency is, in words."""
+        return "its predicted efficiency's " + ("point estimate" if self.efficiency_rule == "point" else "lower bound")
 
     def _commit(self, strategy: Strategy, why: str, step_s: float | None = None, spread: float = 0.0) -> None:
         if strategy.hash != self.model.strategy.hash:
@@ -520,7 +534,7 @@ def tune_result(tuner: OnlineTuner):
                       pick.predicted_speedup if pick else float("nan"), measured,
                       default.samples_per_s if default else None, objective="time-to-loss",
                       note="measured during training: each figure is the slowest rank's median step over windows of "
-                           "the training's own steps; a lossy strategy's efficiency is predicted (its lower bound)")
+                           f"the training's own steps; a lossy strategy's efficiency is {tuner.efficiency_words()}")
 
 
 def predict_candidates(profile, model, base, card, config, k: int = 4, adapt=None,
