@@ -740,6 +740,8 @@ def _record_windows(tuner, store: DatasetStore) -> int:
     world = profile.cluster.world_size
     by_hash: dict[str, list] = {}
     for w in tuner.windows:
+        if w.sibling:         # not trained: its figure is its sibling's row
+            continue
         if not w.busy or w.strategy.hash != tuner.default_hash:
             by_hash.setdefault(w.strategy.hash, []).append(w)
     rows = []

@@ -299,6 +299,17 @@ class Strategy:
         """Stable 16-hex-digit id of the canonical form."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
+    @property
+    def traffic_hash(self) -> str:
+        """The hash of the strategy with the sync mode's fields that do not change its traffic (``Field.traffic``
+        False: DiLoCo's outer learning rate and momentum, a warm-up's length) at their unused values: strategies
+        with the same traffic hash send the same bytes at the same steps, so they step at the same speed."""
+        fields = self.sync.kind.fields
+        values = tuple((k, fields[k].unused if k in fields and not fields[k].traffic else v)
+                       for k, v in self.sync.values)
+        same = Strategy(self.groups, Sync(self.sync.mode, values), self.fusion, self.optimizer_sharding)
+        return same.hash
+
     # --- semantics -----------------------------------------------------------------------
     @property
     def is_lossless(self) -> bool:

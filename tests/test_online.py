@@ -59,10 +59,12 @@ def slow_down(rank: int, step: int, slow_from: int, tuner) -> None:
 
 
 def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False, budget: float = 1.0,
-           slow_from: int | None = None, drift: float = 100.0):
+           slow_from: int | None = None, drift: float = 100.0, efficiencies=None):
     """Train mlp ``steps`` steps (each rank its own batches) by the DDP default, or by an online tuner that tries
     ``candidates``; the parameters, and (auto) the strategy after each step and rank 0's windows. ``drift``: off
-    unless given (a busy machine's noise must not open the search again in a test of something else)."""
+    unless given (a busy machine's noise must not open the search again in a test of something else).
+    ``efficiencies``: each candidate's predicted efficiency (lossy ones need one); with them the switcher holds the
+    optimizer, so that local modes can be tried."""
     import time
 
     import torch
@@ -84,7 +86,11 @@ def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False, budget
     trace, tuner = [], None
     if auto:
         m, o = SwitchableModel(model, Strategy.default(), ranks_per_host=ctx.ranks_per_host), SwitchableOptimizer(opt)
-        tuner = OnlineTuner(m, opt, lambda profile: [(Strategy.from_dict(c), None) for c in candidates], window=4,
+        if efficiencies is not None:
+            m.bind(o)
+        effs = efficiencies or [1.0] * len(candidates)
+        tuner = OnlineTuner(m, opt, lambda profile: [(Strategy.from_dict(c), None, e) for c, e in zip(candidates, effs)],
+                            window=4,
                             settle=1, budget=budget, drift=drift, ranks_per_host=ctx.ranks_per_host,
                             cluster=parse_cluster("2x1@1gbit"), env=environment("unshaped"))
         o.on_step.append(tuner.after_step)
@@ -434,3 +440,23 @@ def test_a_local_modes_window_times_whole_rounds_and_counts_the_averaging_but_no
     tuner.window, tuner.settle = 6, 2
     assert (tuner.timed_of(diloco), tuner.settle_of(diloco)) == (8, 5)
     assert (tuner.timed_of(Strategy.default()), tuner.settle_of(Strategy.default())) == (6, 2)
+
+
+def test_a_candidate_with_the_traffic_of_one_measured_takes_its_step_time_instead_of_a_window():
+    """Two DiLoCo candidates that differ only in the outer learning rate send the same bytes at the same steps:
+    the second is not trained, it takes the first's step time and is judged at its own efficiency (here higher,
+    so it is committed to). Broken variant: a traffic hash that covers the outer learning rate trains both."""
+    first = {"sync": {"mode": "diloco", "period": 4, "warmup_steps": 0, "outer_lr": 0.5}}
+    second = {"sync": {"mode": "diloco", "period": 4, "warmup_steps": 0, "outer_lr": 1.0}}
+    with RankPool(2, ranks_per_host=1) as pool:
+        (_, trace, windows, committed), (_, trace1, _, _) = pool.run(_train, [first, second], 60, True, False, 1.0,
+                                                                      None, 100.0, [0.9, 0.95])
+    windows.pop()
+    a, b = Strategy.from_dict(first), Strategy.from_dict(second)
+    assert trace == trace1
+    tried = [w for w in windows if w["source"] == "predicted"]
+    assert [w["hash"] for w in tried] == [a.hash, b.hash], tried
+    assert tried[0]["steps"] > 0 and not tried[0]["sibling"], tried[0]
+    assert tried[1]["steps"] == 0 and tried[1]["sibling"] == a.hash, tried[1]
+    assert tried[1]["median_step_s"] == tried[0]["median_step_s"] and tried[1]["efficiency"] == 0.95
+    assert a.hash in trace and committed in (b.hash, Strategy.default().hash), (committed, windows)

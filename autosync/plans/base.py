@@ -35,7 +35,10 @@ class Field:
     A default that is a bool, float or int reads as one (floats in ``(lo, hi]``, ints in ``[lo, hi]``); any other
     field gives ``read(value, path)``, which returns the value or fails with the path. ``required`` (a message
     saying what to give) makes the field mandatory. ``unused`` is what the field reads as on a strategy whose
-    choice does not take it (a plan without ``partitions`` has one shard). The schema
+    choice does not take it (a plan without ``partitions`` has one shard). ``traffic`` False: the field changes
+    the math but not what is sent, when, or how much is computed once the mode has warmed up (DiLoCo's outer
+    learning rate), so strategies that differ only in such fields step at the same speed
+    (:meth:`autosync.strategy.Strategy.traffic_hash`). The schema
     (:mod:`autosync.strategy`) parses, validates, prints and hashes every field through this, and the search's
     diversity signature covers them all, so an entry with a new field is still one module and one line.
     """
@@ -46,6 +49,7 @@ class Field:
     read: Callable[[Any, str], Any] | None = None
     required: str = ""
     unused: Any = None
+    traffic: bool = True
 
     def parse(self, value: Any, path: str) -> Any:
         if self.read is not None:

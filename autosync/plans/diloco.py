@@ -63,13 +63,13 @@ def _fraction(value: Any, path: str) -> float:
 class DiLoCo(LocalSGD):
     name = "diloco"
     fields = {"period": Field(8, 1, 100_000, unused=1),
-              "outer_lr": Field(0.7, 0.0, 10.0, unused=1.0),
-              "outer_momentum": Field(0.9, read=_fraction, unused=0.0),
-              "nesterov": Field(True, unused=False),
-              "warmup_steps": Field(10, 0, 1_000_000, unused=0),
+              "outer_lr": Field(0.7, 0.0, 10.0, unused=1.0, traffic=False),
+              "outer_momentum": Field(0.9, read=_fraction, unused=0.0, traffic=False),
+              "nesterov": Field(True, unused=False, traffic=False),
+              "warmup_steps": Field(10, 0, 1_000_000, unused=0, traffic=False),
               "fragments": Field(1, 1, 1024, unused=1),
               "delay": Field(0, 0, 100_000, unused=0),
-              "mix": Field(0.0, read=_fraction, unused=0.0),
+              "mix": Field(0.0, read=_fraction, unused=0.0, traffic=False),
               "outer_compressor": OUTER_COMPRESSOR}
     features = {"diloco": 0.0, "diloco_period": 0.0, "diloco_outer_lr": 0.0, "diloco_outer_momentum": 0.0,
                 "diloco_fragments": 0.0, "diloco_delay": 0.0, "diloco_mix": 0.0, "outer_bytes": 1.0}

@@ -28,7 +28,10 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    (what it does to convergence is predicted, not measured here). A candidate whose effective step is slower than
    the default's beyond the larger spread is dropped; a candidate that fails to build on any rank reverts every
    rank to the last strategy and is recorded as failed with its reason.
-   Between candidates the fastest strategy measured so far (the *incumbent*) trains.
+   Between candidates the fastest strategy measured so far (the *incumbent*) trains. A candidate that sends what a
+   strategy measured in this search sends (the same :attr:`~autosync.strategy.Strategy.traffic_hash`: DiLoCo
+   variants that differ only in their outer learning rate or momentum) is not trained: it takes that one's step
+   time, judged at its own efficiency.
 3. **Budget**: exploring costs the time candidates lose against the incumbent, each timed or settling step of a
    candidate window counted at ``max(0, its median - the best's median)`` (wall-clock time). The next candidate starts only while that
    loss is at most ``budget`` (default 5%) of the training time observed so far; otherwise the incumbent trains
@@ -91,13 +94,14 @@ class Window:
     predicted_speedup: float | None = None
     efficiency: float = 1.0          # 1 for lossless; a lossy candidate's predicted efficiency (by the tuner's rule)
     busy: bool = False               # rank 0 predicted during it (its steps shared the CPU): not a figure
+    sibling: str = ""                # not trained: the figure of this measured strategy of the same traffic (hash)
     epoch: int = 0                   # how many times the search had opened again when this window ran
 
     def as_dict(self) -> dict:
         return {"strategy": self.strategy.summary(), "hash": self.strategy.hash, "source": self.source,
                 "first_step": self.first_step, "steps": len(self.steps_s), "median_step_s": self.median_s,
                 "spread": self.spread, "outcome": self.outcome, "predicted_speedup": self.predicted_speedup,
-                "efficiency": self.efficiency, "busy": self.busy, "epoch": self.epoch}
+                "efficiency": self.efficiency, "busy": self.busy, "epoch": self.epoch, "sibling": self.sibling}
 
     @property
     def effective_s(self) -> float | None:
@@ -364,7 +368,7 @@ class OnlineTuner:
         best_ws = [w for w in best_ws if not w.busy] or best_ws       # as its figure: not while rank 0 predicted
         wall = statistics.median(w.median_s for w in best_ws)
         return self._lost_before + sum((len(w.steps_s) + self.settle_of(w.strategy)) * max(0.0, w.median_s - wall)
-                                       for w in live if w.source == "predicted")
+                                       for w in live if w.source == "predicted" and not w.sibling)
 
     def _default(self) -> Window:
         """The default's figure: the median of its windows' medians, leaving out those measured while rank 0
@@ -420,6 +424,8 @@ class OnlineTuner:
             self.queue = self.queue[:self.max_candidates]
             self._say(f"{len(self.queue)} candidates to try (predicted in {self.proposal['took_s']:.1f} s): "
                       + "; ".join(s.summary() for s, *_ in self.queue))
+        while self.queue and self._sibling_measured():
+            pass
         figures = self._figures()
         best_s, best = min(figures.values(), key=lambda t: t[0])
         if self.queue:
@@ -445,6 +451,29 @@ class OnlineTuner:
     def efficiency_words(self) -> str:
         """What a lossy candidate's efficiency is, in words."""
         return "its predicted efficiency's " + ("point estimate" if self.efficiency_rule == "point" else "lower bound")
+
+    def _sibling_measured(self) -> bool:
+        """Rank 0: when the next candidate sends what a strategy measured in this search sends (the same
+        :attr:`~autosync.strategy.Strategy.traffic_hash`: DiLoCo variants that differ in their outer learning rate
+        or momentum), it takes that one's step time instead of a window of its own, judged at its own
+        efficiency; True when it did (and left the queue)."""
+        strategy, predicted, efficiency = self.queue[0]
+        key = strategy.traffic_hash
+        measured = [w for w in self.windows if w.epoch == self.epoch and w.median_s is not None and not w.sibling
+                    and w.steps_s and w.strategy.traffic_hash == key and not w.outcome.startswith("failed")]
+        if not measured:
+            return False
+        self.queue.pop(0)
+        source = measured[-1]
+        w = Window(strategy, "predicted", self.steps, median_s=source.median_s, spread=source.spread,
+                   predicted_speedup=predicted, efficiency=efficiency, epoch=self.epoch, sibling=source.strategy.hash)
+        default = self._default()
+        limit = default.median_s * (1 + max(default.spread, w.spread))
+        w.outcome = "dropped: slower than the default" if w.effective_s > limit else "measured"
+        self.windows.append(w)
+        self._say(f"{strategy.summary()}: not trained, the same traffic as {source.strategy.summary()} "
+                  f"({w.median_s:.4f} s/step), at efficiency {self._eff_op()} {efficiency:.2f}: {w.outcome}")
+        return True
 
     def _commit(self, strategy: Strategy, why: str, step_s: float | None = None, spread: float = 0.0) -> None:
         if strategy.hash != self.model.strategy.hash:
@@ -517,7 +546,8 @@ def tune_result(tuner: OnlineTuner):
         first = ws[0]
         timed = [w for w in ws if w.median_s is not None and not w.outcome.startswith(("failed", "dropped"))]
         timed = [w for w in timed if not w.busy] or timed
-        bad = next((w.outcome for w in ws if w.outcome.startswith(("failed", "dropped"))), "")
+        bad = next((w.outcome for w in ws if w.outcome.startswith(("failed", "dropped"))), "") or \
+            next((f"not trained: the step time of {w.sibling}, the same traffic" for w in ws if w.sibling), "")
         source = "ddp_default" if first.strategy.hash == tuner.default_hash else "predicted"
         lossy = not first.strategy.is_lossless
         step = statistics.median(w.median_s for w in timed) if timed else \
