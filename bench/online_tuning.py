@@ -94,6 +94,7 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say):
         base, cost_model, eff_model = lowo_models(full, data, wl, 0)
         card = uncertainty.load_card()
         options = {rule: {"cluster": spec, "network": "emulated", "out": None, "data": None, "report": None,
+                          "zero_shot": rule,       # the rule the tuner names (its predict judges by it)
                           "predict": functools.partial(predict_without, cost_model, eff_model, base, card,
                                                        "time-to-loss", rule)} for rule in ("lower", "point")}
         picks = {}
