@@ -26,7 +26,7 @@ def _interrupt_when(cmd, cwd, ready, sig, limit=300.0):
         while not ready():
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "never got far enough to be interrupted"
-            time.sleep(0.3)
+            time.sleep(0.1)
         proc.send_signal(sig)
         proc.communicate(timeout=60)
     finally:
@@ -63,7 +63,10 @@ def test_collect_interrupted_by_sigint_resumes_without_loss_or_duplicates(tmp_pa
 def test_tune_interrupted_by_sigterm_resumes_with_the_study_intact(tmp_path, nothing_left, store_with_profile):
     storage = f"sqlite:///{tmp_path}/t.db"
     cmd = [sys.executable, "-m", "autosync.cli", "tune", "--model", SMALL, "--cluster", "2x1@10gbit",
-           "--measure", "2", "--objective", "throughput", "--confirm-rounds", "0", *FEW_CANDIDATES, "--data", "d", "--storage", storage, "--out", "s.yaml"]
+           "--measure", "3", "--objective", "throughput", "--confirm-rounds", "0", *FEW_CANDIDATES, "--data", "d",
+           "--storage", storage, "--out", "s.yaml"]
+    # three measured (not two): a tune of this 17k-parameter model once finished its second trial and exited before
+    # the signal that followed its first row arrived (CI, 2026-12-06: exit 0, not 130)
     store = store_with_profile(tmp_path / "d", SMALL, "2x1@10gbit")
 
     def study_hashes():
@@ -87,7 +90,7 @@ def test_tune_interrupted_by_sigterm_resumes_with_the_study_intact(tmp_path, not
     rows = store.read()
     assert not rows.duplicated(["context_id", "strategy_hash"]).any()
     pd.testing.assert_frame_equal(rows.iloc[: len(seen)], seen)
-    assert len(rows) <= 2 + 1
+    assert len(rows) <= 3 + 1
     hashes = study_hashes()
     assert len(hashes) == len(set(hashes)) == len(rows)  # one study trial per measured strategy, none twice
     assert (tmp_path / "s.yaml").exists()
