@@ -445,7 +445,8 @@ def test_a_local_modes_window_times_whole_rounds_and_counts_the_averaging_but_no
 def test_a_candidate_with_the_traffic_of_one_measured_takes_its_step_time_instead_of_a_window():
     """Two DiLoCo candidates that differ only in the outer learning rate send the same bytes at the same steps:
     the second is not trained, it takes the first's step time and is judged at its own efficiency (here higher,
-    so it is committed to). Broken variant: a traffic hash that covers the outer learning rate trains both."""
+    so the first is never the one committed to; on loopback the default may beat both). Broken variant: a traffic
+    hash that covers the outer learning rate trains both."""
     first = {"sync": {"mode": "diloco", "period": 4, "warmup_steps": 0, "outer_lr": 0.5}}
     second = {"sync": {"mode": "diloco", "period": 4, "warmup_steps": 0, "outer_lr": 1.0}}
     with RankPool(2, ranks_per_host=1) as pool:

@@ -424,8 +424,8 @@ class OnlineTuner:
             self.queue = self.queue[:self.max_candidates]
             self._say(f"{len(self.queue)} candidates to try (predicted in {self.proposal['took_s']:.1f} s): "
                       + "; ".join(s.summary() for s, *_ in self.queue))
-        while self.queue and self._sibling_measured():
-            pass
+        while self.queue and self._sibling_measured():     # each call takes one sibling off the queue
+            continue
         figures = self._figures()
         best_s, best = min(figures.values(), key=lambda t: t[0])
         if self.queue:
