@@ -63,7 +63,21 @@ def drop_retired() -> None:
     _RETIRED.clear()
 
 
-atexit.register(drop_retired)   # while the interpreter is whole (a group freed during its teardown can abort)
+def _at_exit() -> None:
+    """At exit, while the interpreter is whole: drop the retired groups and collect the cycles that still hold one.
+
+    A process group whose last reference goes during the interpreter's teardown can abort the process ("terminate
+    called without an active exception", SIGABRT): gloo's worker threads may hold work whose tensors need the GIL
+    (pytorch/pytorch#179291). ``destroy_process_group`` drops torch's own references, but a DDP model the script
+    no longer reaches (its ``main`` has returned) keeps its reducer, and the reducer its group, until a collection
+    that may only come at teardown (seen once in CI: rank 1 of the Accelerate example, after ``end_training``)."""
+    import gc
+
+    drop_retired()
+    gc.collect()
+
+
+atexit.register(_at_exit)
 
 
 @dataclass(frozen=True)
