@@ -835,8 +835,8 @@ def job_cluster(pool, known: list[Cluster] = ()) -> Cluster:
     from autosync.profiler.observe import LIVE_SIZES
 
     # the short sweep strategy="auto" runs live: only the link's rung on the ladder is read from it
-    return _job_cluster(profile_network(pool, sizes=LIVE_SIZES, max_op_s=0.1), pool.world_size, pool.ranks_per_host,
-                        known)
+    network = profile_network(pool, sizes=LIVE_SIZES, max_op_s=0.1, ahead=True)
+    return _job_cluster(network, pool.world_size, pool.ranks_per_host, known)
 
 
 def _predict(profile, k: int, adapt=None, objective: str = "time-to-loss", rule: str = "lower") -> list:

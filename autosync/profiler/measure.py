@@ -192,7 +192,10 @@ def _run_op(op: str, nbytes: int, group, group_ranks: list[int], me: int, peer: 
 
 
 def _sweep(group, group_ranks: list[int], me: int, peer: int | None, sizes, max_op_s: float,
-           reps: int, device: str = "cpu") -> dict[str, list[tuple[int, float]]]:
+           reps: int, device: str = "cpu", ahead: bool = False) -> dict[str, list[tuple[int, float]]]:
+    """Each collective over growing ``sizes`` until one is slower than ``max_op_s``; with ``ahead``, until the next
+    size would be (the last time scaled by the sizes' ratio), once three sizes are in: the live bench's rule, which
+    keeps a slow link from paying for its largest size four times (warm-up and repetitions)."""
     import torch.distributed as dist
 
     from autosync.executor.device import now, reduce_values
@@ -214,11 +217,15 @@ def _sweep(group, group_ranks: list[int], me: int, peer: int | None, sizes, max_
             points.append((nbytes, seconds))
             if worst > max_op_s:
                 break
+            if ahead and len(points) >= 3 and nbytes != sizes[-1]:
+                following = sizes[list(sizes).index(nbytes) + 1]
+                if worst * following / nbytes > max_op_s:
+                    break
         out[op] = points
     return out
 
 
-def _bench_task(ctx: RankContext, sizes, max_op_s: float, reps: int) -> dict:
+def _bench_task(ctx: RankContext, sizes, max_op_s: float, reps: int, ahead: bool = False) -> dict:
     import torch.distributed as dist
 
     rph, world = ctx.ranks_per_host, ctx.world_size
@@ -227,7 +234,7 @@ def _bench_task(ctx: RankContext, sizes, max_op_s: float, reps: int) -> dict:
     peer_world = rph if nodes > 1 else (1 if world > 1 else None)   # first rank of another host
     results["world"] = _sweep(dist.group.WORLD, list(range(world)), ctx.rank,
                               peer_world if ctx.rank == 0 else (0 if ctx.rank == peer_world else None),
-                              sizes, max_op_s, reps, ctx.device)
+                              sizes, max_op_s, reps, ctx.device, ahead)
     if nodes > 1 and rph > 1:
         intra = None
         for h in range(nodes):  # every rank creates every subgroup, in the same order
@@ -239,22 +246,22 @@ def _bench_task(ctx: RankContext, sizes, max_op_s: float, reps: int) -> dict:
         local = ctx.rank % rph
         peer = (host0 + 1 if local == 0 else host0) if local in (0, 1) else None
         results["intra"] = _sweep(intra, list(range(host0, host0 + rph)), ctx.rank, peer, sizes, max_op_s, reps,
-                                  ctx.device)
+                                  ctx.device, ahead)
         if local == 0:
             lead_peer = rph if ctx.rank == 0 else (0 if ctx.rank == rph else None)
             results["inter"] = _sweep(leaders, list(range(0, world, rph)), ctx.rank, lead_peer, sizes,
-                                      max_op_s, reps, ctx.device)
+                                      max_op_s, reps, ctx.device, ahead)
         dist.barrier()
     return results
 
 
 def profile_network(pool: RankPool, sizes=SIZES, max_op_s: float = 0.3, reps: int = 3,
-                    timeout: float = 600.0) -> NetworkProfile:
+                    timeout: float = 600.0, ahead: bool = False) -> NetworkProfile:
     """Benchmark the pool's process group and fit alpha/beta per scope and collective.
 
     Each point is the median of ``reps`` timed runs (the slowest rank's): 3, so that one slow run on a busy host
     does not set the point (a median of 2 is their mean; a CI run once fitted 0.43 s for a 0.32 s all-reduce)."""
-    per_rank = pool.run(_bench_task, tuple(sizes), max_op_s, reps, timeout=timeout)
+    per_rank = pool.run(_bench_task, tuple(sizes), max_op_s, reps, ahead, timeout=timeout)
     raw = dict(per_rank[0])
     fits = {scope: {op: Fit.from_points(points) for op, points in ops.items()} for scope, ops in raw.items()}
     return NetworkProfile(pool.world_size, pool.ranks_per_host, fits, measured=True)

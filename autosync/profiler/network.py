@@ -5,7 +5,8 @@ reduce_scatter, send_recv) is timed for message sizes 4 KiB, 16 KiB, ... 64 MiB 
 the bytes of the full tensor; all_gather/reduce_scatter: the full output/input; send_recv:
 one way, from half a round trip). A size's time is the median over repetitions of the
 slowest rank. A sweep stops after the first size slower than ``max_op_s`` (so a 100 mbit
-cluster is not asked for 64 MiB all-reduces); every rank takes that decision from the same
+cluster is not asked for 64 MiB all-reduces), or, in the live bench of a training, before the
+first size predicted slower (``ahead``); every rank takes that decision from the same
 all-reduced number.
 
 The fit minimizes ``sum(((alpha + beta n_i) - t_i)^2 / t_i)`` with ``alpha, beta >= 0``

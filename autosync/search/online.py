@@ -186,6 +186,8 @@ class OnlineTuner:
         self.committed_spread = 0.0            # the committed strategy's windows' largest spread (rank 0's)
         self.committed_why = ""                # why the last commit chose what it did
         self.overhead_s = 0.0        # time spent outside training steps: benches, switches, decisions
+        # that time by part (this rank's): the model's profile, the network's collectives, the switches
+        self.overhead_parts = {"profile": 0.0, "network": 0.0, "switch": 0.0}
         self.profile = None
         self._last: float | None = None
         self._asked: float | None = None      # rank 0: when the prediction started
@@ -256,7 +258,7 @@ class OnlineTuner:
         if self.rank == 0:
             self.queue = list(measured.values())
         self.committed = None
-        if self.model.strategy.hash != self.default_hash and self.model.switch(self.default_strategy) is not None:
+        if self.model.strategy.hash != self.default_hash and self._switch(self.default_strategy) is not None:
             self.current = Window(self.model.strategy, "incumbent", self.steps, epoch=self.epoch)
             return
         self.current = Window(self.default_strategy, "default", self.steps, epoch=self.epoch)
@@ -286,7 +288,7 @@ class OnlineTuner:
                 return
             if kind == "incumbent":
                 strategy = Strategy.from_dict(payload["strategy"])
-                if self.model.switch(strategy) is None:
+                if self._switch(strategy) is None:
                     self.current = Window(strategy, "default" if strategy.hash == self.default_hash else "incumbent",
                                           self.steps, epoch=self.epoch)
                     self._say(f"{strategy.summary()} trains until the budget allows the next candidate "
@@ -299,7 +301,7 @@ class OnlineTuner:
                              payload.get("spread", 0.0))
                 return
             strategy = Strategy.from_dict(payload["strategy"])
-            error = self.model.switch(strategy)
+            error = self._switch(strategy)
             if error is None:
                 self.current = Window(strategy, "predicted", self.steps, predicted_speedup=payload["predicted"],
                                       efficiency=payload["efficiency"], epoch=self.epoch)
@@ -312,14 +314,26 @@ class OnlineTuner:
             self.windows.append(failed)
             self._say(f"{strategy.summary()} failed to start ({error}); staying on {self.model.strategy.summary()}")
 
+    def _switch(self, strategy: Strategy) -> str | None:
+        """The switcher's ``switch``, timed into ``overhead_parts["switch"]``."""
+        t0 = time.perf_counter()
+        try:
+            return self.model.switch(strategy)
+        finally:
+            self.overhead_parts["switch"] += time.perf_counter() - t0
+
     def _start_prediction(self) -> None:
         from autosync.profiler.observe import network_here
         from autosync.profiler.profile import Profile
 
+        t0 = time.perf_counter()
         model_profile = self.observer.profile() if self.rank == 0 else None
         self.observer.close()
         self.observer = None
+        t1 = time.perf_counter()
         network = network_here(self.rph, device=str(next(self.model.module.parameters()).device))
+        self.overhead_parts["profile"] += t1 - t0
+        self.overhead_parts["network"] += time.perf_counter() - t1
         if self.rank != 0:
             return
         cluster = self.cluster(network) if callable(self.cluster) else self.cluster
@@ -477,7 +491,7 @@ class OnlineTuner:
 
     def _commit(self, strategy: Strategy, why: str, step_s: float | None = None, spread: float = 0.0) -> None:
         if strategy.hash != self.model.strategy.hash:
-            error = self.model.switch(strategy)
+            error = self._switch(strategy)
             if error is not None:      # it built before; if it does not now, the current one stays
                 why, strategy, step_s = f"{strategy.summary()} failed to start again ({error})", \
                     self.model.strategy, None
