@@ -10,8 +10,9 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    its buckets at the second) and ``window`` timed steps; a :class:`~autosync.profiler.observe.StepObserver`
    records them. At its end every rank runs a few seconds of collectives (:func:`network_here`) and rank 0 builds
    the :class:`~autosync.profiler.Profile` and starts ``propose(profile)`` in a thread. Until it answers, the
-   default keeps training in further windows (their steps refine the default's figure), for at most
-   ``max_wait_s``.
+   default keeps training in further windows of half the size (at least 4 steps; their steps refine the
+   default's figure), for at most ``max_wait_s``. A window of the strategy already training (the default going
+   on, the incumbent between candidates) settles nothing: it times from its first step.
 2. **Candidate windows**: each proposed strategy (only those the switcher can train: synchronous modes, and with
    :func:`autosync.apply`'s switcher the local modes too, :mod:`autosync.executor.switch`) trains ``settle +
    window`` steps. A window's figure is the slowest rank's median step time; its spread, the slowest rank's
@@ -96,6 +97,8 @@ class Window:
     busy: bool = False               # rank 0 predicted during it (its steps shared the CPU): not a figure
     sibling: str = ""                # not trained: the figure of this measured strategy of the same traffic (hash)
     epoch: int = 0                   # how many times the search had opened again when this window ran
+    settle: int | None = None        # untimed steps at its start (None: the tuner's for its strategy)
+    timed: int | None = None         # timed steps (None: the tuner's for its strategy)
 
     def as_dict(self) -> dict:
         return {"strategy": self.strategy.summary(), "hash": self.strategy.hash, "source": self.source,
@@ -202,14 +205,14 @@ class OnlineTuner:
         if self._last is not None:
             self.trained_s += now - self._last
         if self.committed is None and self._last is not None and \
-                self.steps - self.current.first_step > self.settle_of(self.current.strategy):
+                self.steps - self.current.first_step > self._settle(self.current):
             self.current.steps_s.append(now - self._last)
             self.current.optimizer_s.append(self._optimizer_s())
         elif self.committed is not None and self._last is not None:
             self._watch.append(now - self._last)
             self._watch_opt.append(self._optimizer_s())
         self.steps += 1
-        if self.committed is None and len(self.current.steps_s) >= self.timed_of(self.current.strategy):
+        if self.committed is None and len(self.current.steps_s) >= self._timed(self.current):
             t0 = time.perf_counter()
             self._end_window()
             self.overhead_s += time.perf_counter() - t0
@@ -231,6 +234,23 @@ class OnlineTuner:
         """Timed steps of ``strategy``'s window: ``window``, rounded up to its whole rounds."""
         k = round_of(strategy)
         return -(-self.window // k) * k
+
+    def _settle(self, w: Window) -> int:
+        return self.settle_of(w.strategy) if w.settle is None else w.settle
+
+    def _timed(self, w: Window) -> int:
+        return self.timed_of(w.strategy) if w.timed is None else w.timed
+
+    def _going_on(self, source: str) -> Window:
+        """The next window of the strategy training now, which goes on without a switch: a synchronous one times
+        from its first step (nothing to settle), and while rank 0's prediction runs, half a window (at least 4
+        steps), so that the first candidate starts soon after the answer."""
+        strategy = self.model.strategy
+        going = round_of(strategy) == 1
+        waiting = self.queue is None and self.committed is None
+        return Window(strategy, source, self.steps, predicted_speedup=self.current.predicted_speedup,
+                      epoch=self.epoch, settle=0 if going else None,
+                      timed=max(4, self.window // 2) if going and waiting else None)
 
     # --- after the commit: drift (collective) ------------------------------------------------------
     def drift_limit_s(self) -> float:
@@ -282,9 +302,8 @@ class OnlineTuner:
             dist.broadcast_object_list(action, src=0)
             kind, payload = action[0]
             if kind == "stay":
-                source = self.current.source if self.current.source != "predicted" else "incumbent"
-                self.current = Window(self.model.strategy, source, self.steps,
-                                      predicted_speedup=self.current.predicted_speedup, epoch=self.epoch)
+                self.current = self._going_on(self.current.source if self.current.source != "predicted"
+                                              else "incumbent")
                 return
             if kind == "incumbent":
                 strategy = Strategy.from_dict(payload["strategy"])
@@ -381,7 +400,7 @@ class OnlineTuner:
         best_ws = [w for w in live if w.strategy.hash == best.hash]
         best_ws = [w for w in best_ws if not w.busy] or best_ws       # as its figure: not while rank 0 predicted
         wall = statistics.median(w.median_s for w in best_ws)
-        return self._lost_before + sum((len(w.steps_s) + self.settle_of(w.strategy)) * max(0.0, w.median_s - wall)
+        return self._lost_before + sum((len(w.steps_s) + self._settle(w)) * max(0.0, w.median_s - wall)
                                        for w in live if w.source == "predicted" and not w.sibling)
 
     def _default(self) -> Window:
@@ -532,7 +551,7 @@ class OnlineTuner:
     def exploration_steps(self) -> int:
         """Steps trained by candidates that were not committed to (what exploring cost)."""
         chosen = self.committed.hash if self.committed is not None else None
-        return sum(len(w.steps_s) + self.settle_of(w.strategy) for w in self.windows
+        return sum(len(w.steps_s) + self._settle(w) for w in self.windows
                    if w.source == "predicted" and w.strategy.hash != chosen and w.steps_s)
 
     def _say(self, text: str) -> None:
