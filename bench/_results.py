@@ -35,6 +35,11 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def stamp() -> str:
+    """"commit, date": who measured a step or a row, and when."""
+    return f"{commit()}, {_now()}"
+
+
 def provenance() -> list[str]:
     """Markdown lines: command, commit (:func:`commit`), date."""
     root = Path(__file__).resolve().parent.parent
@@ -105,7 +110,7 @@ class Journal:
     def step(self, name: str, fn):
         if name not in self.steps:
             self.steps[name] = json.loads(json.dumps(fn()))     # as a resumed run would read it
-            self.by[name] = f"{commit()}, {_now()}"
+            self.by[name] = stamp()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(self.path.name + ".tmp")
             tmp.write_text(json.dumps({"key": self.key, "steps": self.steps, "by": self.by}))

@@ -31,6 +31,7 @@ Resumable: each finished context is a line of ``--work``/rows.jsonl and is skipp
 training of a context in progress is kept in its journal (bench/_results.Journal).
 
     python bench/online_tuning.py [--workloads ...] [--clusters ...] [--arms ...] [--seeds 1 2]
+    python bench/online_tuning.py --again auto "auto point"     # those arms again, the rest kept from the rows
     python bench/online_tuning.py --table-only
 """
 import argparse
@@ -53,7 +54,7 @@ from autosync.search.config import TuneConfig
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
 from _online import measure_auto_curve, predict_without
-from _results import (RESULTS, check_inputs, Journal, finished_rows, load_rows, run_contexts, say, show_done,
+from _results import (RESULTS, check_inputs, Journal, finished_rows, load_rows, run_contexts, say, show_done, stamp,
                       speedup_bars, write as write_result)
 from diloco import train_to
 from time_to_quality import lowo_models
@@ -76,7 +77,21 @@ def train_auto(pool, wl, batch, goal, meter, seed, cap_s, options):
             "reached": min(smooth(curve.eval_loss)), "auto": auto}
 
 
-def run_context(pool, cluster, spec, wl, args, data, full, work, say):
+def _seed_journal(journal, prior: dict, args) -> list[str]:
+    """``--again``: the arms of a finished context's row ``prior`` that are not measured again, as finished steps of
+    ``journal`` (the DDP default's and the tune arms' trainings and searches); returns the arms measured again."""
+    again = [a for a in args.again if a in args.arms]
+    for seed in args.seeds:
+        journal.steps.setdefault(f"train DDP default seed {seed}", prior["DDP default"]["runs"][str(seed)])
+        for arm in (a for a in args.arms if a not in again and a in prior):
+            if arm.startswith("tune"):
+                journal.steps.setdefault(f"search {arm}", {k: prior[arm][k] for k in ("source", "lossy", "search_s")}
+                                         | {"strategy_hash": prior[arm]["hash"]})
+            journal.steps.setdefault(f"train {arm} seed {seed}", prior[arm]["runs"][str(seed)])
+    return again
+
+
+def run_context(pool, cluster, spec, wl, args, data, full, work, say, prior=None):
     batch = W.default_batch_size(wl)
     row = {"workload": wl, "cluster": spec}
     ctx = Context.on(pool, wl, batch, cluster).id
@@ -91,6 +106,9 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say):
         noise = meter.noise_scale()
         journal = Journal(work / "contexts" / f"{safe_name(ctx)}.steps.json",
                           {"goal": goal, "seeds": args.seeds, "cap": args.cap, "arms": args.arms})
+        if args.again and prior is not None and "left_out" not in prior:
+            again = _seed_journal(journal, prior, args)
+            row["measured_by"] = f"{stamp()} ({', '.join(again)}); the rest {prior.get('measured_by', 'not recorded')}"
         base, cost_model, eff_model = lowo_models(full, data, wl, 0)
         card = uncertainty.load_card()
         options = {rule: {"cluster": spec, "network": "emulated", "out": None, "data": None, "report": None,
@@ -121,10 +139,10 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say):
                                                            train_auto(pool, wl, batch, goal, meter, s, cap,
                                                                       options[r]))
             for arm, kept in picks.items():
-                strategy = Strategy.from_dict(kept["strategy"])
                 say(f"{wl} {spec}: training {arm}'s pick ({kept['source']}) from seed {seed}")
-                row[arm]["runs"][str(seed)] = journal.step(f"train {arm} seed {seed}", lambda s=strategy, sd=seed:
-                                                           train_to(pool, wl, batch, s, goal, meter, sd, cap))
+                row[arm]["runs"][str(seed)] = journal.step(f"train {arm} seed {seed}", lambda k=kept, sd=seed:
+                                                           train_to(pool, wl, batch, Strategy.from_dict(k["strategy"]),
+                                                                    goal, meter, sd, cap))
     journal.close()
     return row
 
@@ -257,6 +275,9 @@ def main() -> None:
     ap.add_argument("--work", default=str(Path(__file__).parent / "work" / "online_tuning"))
     ap.add_argument("--out", default=str(RESULTS / "online_tuning.md"))
     ap.add_argument("--table-only", action="store_true", help="measure nothing: the table of the finished contexts")
+    ap.add_argument("--again", nargs="+", default=[], choices=list(ARMS[1:]), metavar="ARM",
+                    help="measure these arms of the finished contexts again (the new code's), keeping the others' "
+                         "trainings and searches from their rows")
     args = ap.parse_args()
     work = check_inputs(ap, args)
     arms = ["DDP default", *[a for a in ARMS[1:] if a in args.arms]]
@@ -267,9 +288,10 @@ def main() -> None:
         data = DatasetStore(args.data, create=False)
         full = training.build(data)
 
-        rows = run_contexts(args, work, set(load_rows(work)),
+        done = set() if args.again else set(load_rows(work))
+        rows = run_contexts(args, work, done,
                             lambda pool, cluster, spec, wl, prior: run_context(pool, cluster, spec, wl, args, data,
-                                                                               full, work, say), show_done)
+                                                                               full, work, say, prior), show_done)
     lines = table(rows, arms)
     write_result(args.out, lines)
     print("\n".join(lines))

@@ -205,7 +205,7 @@ class OnlineTuner:
         if self._last is not None:
             self.trained_s += now - self._last
         if self.committed is None and self._last is not None and \
-                self.steps - self.current.first_step > self._settle(self.current):
+                self.steps - self.current.first_step >= self._settle(self.current):
             self.current.steps_s.append(now - self._last)
             self.current.optimizer_s.append(self._optimizer_s())
         elif self.committed is not None and self._last is not None:
