@@ -202,8 +202,9 @@ def table(rows: list[dict], arms) -> list[str]:
     lines = ['# Tune while you train: `strategy="auto"` end to end against the DDP default and tune then train', "",
              "Median time to L* over the timed seeds, end to end (a tune arm's search added; auto's exploration is "
              "inside its training), +- half the spread, and in parentheses the DDP default's median over it. Models "
-             "fitted without the workload under test. explore = auto's time lost to exploring (worse candidates' "
-             "windows against the best, profiling, switches, decisions) / its time to L*. LOSSY: the pick changes "
+             "fitted without the workload under test. explore = auto point's (strategy=\"auto\"'s default rule) time "
+             "lost to exploring (worse candidates' windows against the best, profiling, switches, decisions) / its "
+             "time to L*. LOSSY: the pick changes "
              "the math; its time to L* includes what that costs.", "",
              "| workload | cluster | L* | " + " | ".join(arms) + " | auto committed to (either rule) | explore |",
              "|---|---|---:|" + "---:|" * len(arms) + "---|---:|"]
@@ -213,12 +214,12 @@ def table(rows: list[dict], arms) -> list[str]:
             continue
         commits = {run["auto"]["committed_summary"] or "(not committed)" for a in ("auto", "auto point")
                    for run in r.get(a, {}).get("runs", {}).values() if run.get("auto")}
-        share = explore_share(r["auto"]) if "auto" in r else None
+        share = explore_share(r["auto point"]) if "auto point" in r else None
         lines.append(f"| {r['workload']} | {r['cluster']} | {r['target_loss']:.3f} | "
                      + " | ".join(_cell(r.get(a), r["DDP default"]) for a in arms)
                      + f" | {'; '.join(sorted(commits))[:120] or '-'} | "
                      + (f"{share:.1%}" if share is not None else "-") + " |")
-    done = [r for r in rows if "left_out" not in r and "auto" in r]
+    done = [r for r in rows if "left_out" not in r and ("auto" in r or "auto point" in r)]
     if done:
         def x(r, a):
             t, d = e2e(r[a])[0], e2e(r["DDP default"])[0]
