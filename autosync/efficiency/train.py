@@ -104,9 +104,20 @@ class _CurveRun:
                 and steps_by(self.steps, self.evals, spec.goal, spec.horizon) is None)
 
     def timed_stop(self) -> bool:
-        """Timed mode: every rank holds the same reduced losses, so the decision is the same everywhere."""
-        return self.crossed(self.spec.stop_at) or bool(self.spec.max_train_s and
-                                                        self.train_s[-1] > self.spec.max_train_s)
+        """Timed mode: every rank holds the same reduced losses, so the crossing is decided the same everywhere; the
+        time cap is each rank's own clock, so it is decided by the slowest rank's (all-reduced): ranks whose clocks
+        straddle the cap would otherwise part, one stopping while the other waits in the next step's collective
+        (seen on a half-speed host)."""
+        import torch
+        import torch.distributed as dist
+
+        if self.crossed(self.spec.stop_at):
+            return True
+        if not self.spec.max_train_s:
+            return False
+        over = torch.tensor([float(self.train_s[-1] > self.spec.max_train_s)], device=self.device)
+        dist.all_reduce(over, op=dist.ReduceOp.MAX)
+        return bool(over.item())
 
     # --- training ----------------------------------------------------------------------------------
     def evaluate(self) -> float:
