@@ -15,23 +15,6 @@ import time
 from _results import RESULTS, write as write_result
 
 
-def _allreduce_seconds(ctx, nbytes: int, reps: int) -> float:
-    import torch
-    import torch.distributed as dist
-
-    t = torch.ones(nbytes // 4)
-    dist.all_reduce(t)
-    times = []
-    for _ in range(reps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(t)
-        times.append(time.perf_counter() - t0)
-    worst = torch.tensor([statistics.median(times)])
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return worst.item()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clusters", nargs="+", default=["3x1@200mbit", "2x1@1gbit"])
@@ -41,7 +24,7 @@ def main() -> None:
 
     from autosync.cluster import parse_cluster
     from autosync.executor.emulate import EmulatedCluster
-    from autosync.profiler.measure import profile_network
+    from autosync.profiler.measure import all_reduce_seconds, profile_network
     from autosync.profiler.observe import LIVE_SIZES
 
     probe = 8 << 20
@@ -58,7 +41,7 @@ def main() -> None:
                     predicted[ahead].append(network.time("all_reduce", probe))
                     print(f"{spec} round {r + 1}: {'ahead' if ahead else 'after'} {took[ahead][-1]:.2f} s, "
                           f"8 MiB all-reduce predicted {predicted[ahead][-1]:.3f} s", flush=True)
-            measured = pool.run(_allreduce_seconds, probe, 5, timeout=300)[0]
+            measured = pool.run(all_reduce_seconds, probe, 5, timeout=300)[0]
         after_s, ahead_s = statistics.median(took[False]), statistics.median(took[True])
         rows.append(f"| {spec} | {after_s:.2f} s | {ahead_s:.2f} s | {after_s / ahead_s:.1f}x | "
                     f"{statistics.median(predicted[False]) / measured:.2f} | "

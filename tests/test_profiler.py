@@ -3,14 +3,13 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
 import pytest
 
 from autosync.cluster import parse_cluster
 from autosync.executor.emulate import EmulatedCluster, can_emulate
 from autosync.profiler import NetworkProfile, Profile, ProfileError, load_profile
-from autosync.profiler.measure import profile_model, profile_network
+from autosync.profiler.measure import all_reduce_seconds, profile_model, profile_network
 
 pytestmark = pytest.mark.usefixtures("no_leftover_ranks")
 FAULTS = "tests/fixtures/faulty.py"
@@ -37,23 +36,6 @@ def test_bucket_layout_follows_ddp_caps():
     assert len(prof.buckets(1000)) <= 2 < len(prof.buckets(0.5))
 
 
-def _allreduce_seconds(ctx, nbytes, reps):
-    import torch
-    import torch.distributed as dist
-
-    t = torch.ones(nbytes // 4)
-    dist.all_reduce(t)
-    times = []
-    for _ in range(reps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(t)
-        times.append(time.perf_counter() - t0)
-    worst = torch.tensor([statistics.median(times)])
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return worst.item()
-
-
 @pytest.mark.skipif(not can_emulate()[0], reason="cannot emulate here")
 @pytest.mark.serial
 @pytest.mark.parametrize("spec", ["2x1@1gbit"])  # 4x1@100mbit (35 s) dropped to keep make test under 15 min
@@ -66,7 +48,7 @@ def test_alpha_beta_fit_predicts_a_32mib_all_reduce_within_20_percent(spec):
     with EmulatedCluster(cluster) as emu, emu.pool() as pool:
         for _ in range(2):
             network = profile_network(pool)
-            measured = pool.run(_allreduce_seconds, 32 << 20, 7, timeout=300)[0]  # median of 7: 3 was 21% off once
+            measured = pool.run(all_reduce_seconds, 32 << 20, 7, timeout=300)[0]  # median of 7: 3 was 21% off once
             rounds.append((network.time("all_reduce", 32 << 20), measured))
             if abs(rounds[-1][0] / measured - 1) <= 0.20:
                 break

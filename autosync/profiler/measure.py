@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 
 import torch
 from torch import nn
@@ -203,7 +204,7 @@ def _sweep(group, group_ranks: list[int], me: int, peer: int | None, sizes, max_
     out: dict[str, list[tuple[int, float]]] = {}
     for op in COLLECTIVES:
         points = []
-        for nbytes in sizes:
+        for i, nbytes in enumerate(sizes):
             fn = _run_op(op, nbytes, group, group_ranks, me, peer, device)
             fn()  # warm-up (connections, allocations, TCP window)
             times = []
@@ -217,10 +218,8 @@ def _sweep(group, group_ranks: list[int], me: int, peer: int | None, sizes, max_
             points.append((nbytes, seconds))
             if worst > max_op_s:
                 break
-            if ahead and len(points) >= 3 and nbytes != sizes[-1]:
-                following = sizes[list(sizes).index(nbytes) + 1]
-                if worst * following / nbytes > max_op_s:
-                    break
+            if ahead and len(points) >= 3 and i + 1 < len(sizes) and worst * sizes[i + 1] / nbytes > max_op_s:
+                break
         out[op] = points
     return out
 
@@ -253,6 +252,25 @@ def _bench_task(ctx: RankContext, sizes, max_op_s: float, reps: int, ahead: bool
                                       max_op_s, reps, ctx.device, ahead)
         dist.barrier()
     return results
+
+
+def all_reduce_seconds(ctx: RankContext, nbytes: int, reps: int) -> float:
+    """A rank task: one all-reduce of ``nbytes`` on the default group, timed ``reps`` times after a warm-up; the
+    slowest rank's median (what a fit of the network is checked against)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(nbytes // 4)
+    dist.all_reduce(t)
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        times.append(time.perf_counter() - t0)
+    worst = torch.tensor([statistics.median(times)])
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return worst.item()
 
 
 def profile_network(pool: RankPool, sizes=SIZES, max_op_s: float = 0.3, reps: int = 3,
