@@ -43,6 +43,7 @@ class AutoCurveRun(_CurveRun):
                        "committed_at": t.committed_at if t.committed else None, "why": t.committed_why,
                        "lost_s": t.lost_s(),
                        "overhead_s": t.overhead_s, "overhead_parts": dict(t.overhead_parts),
+                       "waited_s": t.waited_s,
                        "trained_s": t.trained_s,
                        "exploration_steps": t.exploration_steps() if t.committed else None,
                        "default_step_s": t.default_step_s()}

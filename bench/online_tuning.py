@@ -198,6 +198,29 @@ def _cell(arm: dict | None, default: dict) -> str:
     return f"{t:.0f} s +-{spread / 2:.0%}" + (f" ({d / t:.2f}x)" if d else "")
 
 
+def steps_table(rows: list[dict]) -> list[str]:
+    """Where auto point's time went, in steps: per seed the steps the DDP default and auto point took to L*, the
+    steps auto point trained under lossy candidates (their windows, and after the commit if it committed to one),
+    and what it committed to. A lossless commit after lossy windows that needed more steps than the default shows
+    what leaving a local mode cost the training's convergence (beyond the seeds' own spread: the default's steps
+    of its two seeds)."""
+    if not rows:
+        return []
+    lines = ["", "Steps to L* per seed (held-out loss read every 20 steps): the DDP default's, auto point's, and the "
+                 "steps auto point trained under lossy candidates (windows + after a lossy commit).", "",
+             "| workload | cluster | seed | default steps | auto point steps | lossy windows' steps | committed |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        default = r["DDP default"]["runs"]
+        for seed, run in sorted(r["auto point"]["runs"].items()):
+            a = run.get("auto") or {}
+            lossy = sum(w["steps"] for w in a.get("windows", []) if "LOSSY" in w["strategy"])
+            committed = "lossy" if "LOSSY" in (a.get("committed_summary") or "") else "lossless"
+            lines.append(f"| {r['workload']} | {r['cluster']} | {seed} | {default.get(seed, {}).get('steps', '-')} | "
+                         f"{run.get('steps', '-')} | {lossy} | {committed} |")
+    return lines
+
+
 def table(rows: list[dict], arms) -> list[str]:
     lines = ['# Tune while you train: `strategy="auto"` end to end against the DDP default and tune then train', "",
              "Median time to L* over the timed seeds, end to end (a tune arm's search added; auto's exploration is "
@@ -253,6 +276,7 @@ def table(rows: list[dict], arms) -> list[str]:
             if sel:
                 lines.append(f"| {other} end to end / DDP default (median) | "
                              f"{statistics.median([x(r, other) for r in sel]):.2f}x | {len(sel)} |")
+    lines += steps_table([r for r in done if "auto point" in r])
     by: dict[str, list[str]] = {}
     for r in rows:
         by.setdefault(r.get("measured_by", "not recorded"), []).append(f"{r['workload']} {r['cluster']}")

@@ -461,3 +461,60 @@ def test_a_candidate_with_the_traffic_of_one_measured_takes_its_step_time_instea
     assert tried[1]["steps"] == 0 and tried[1]["sibling"] == a.hash, tried[1]
     assert tried[1]["median_step_s"] == tried[0]["median_step_s"] and tried[1]["efficiency"] == 0.95
     assert a.hash in trace and committed in (b.hash, Strategy.default().hash), (committed, windows)
+
+
+def _drift_checks_after_a_local_commit(ctx):
+    """Train mlp by a tuner with no candidates (it commits to the default), commit to local SGD (period 4, warm-up
+    2) at step 30, train on; the averager's step count at each drift check after that commit, and the tuner's
+    time accounting."""
+    import torch
+
+    from autosync import workloads
+    from autosync.cluster import parse_cluster
+    from autosync.executor.switch import SwitchableModel, SwitchableOptimizer
+    from autosync.profiler.profile import environment
+    from autosync.search.online import OnlineTuner
+
+    torch.manual_seed(0)
+    model, make_batch = workloads.build("mlp", seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(1000 + ctx.rank)
+    m, o = SwitchableModel(model, Strategy.default(), ranks_per_host=1), SwitchableOptimizer(opt)
+    m.bind(o)
+    tuner = OnlineTuner(m, opt, lambda profile: [], window=4, settle=1, budget=1.0, drift=100.0, ranks_per_host=1,
+                        cluster=parse_cluster("2x1@1gbit"), env=environment("unshaped"))
+    o.on_step.append(tuner.after_step)
+    seen, check = [], tuner._check_drift
+
+    def recording():
+        averager = getattr(o.inner, "averager", None)
+        seen.append(None if averager is None else averager.step)
+        check()
+
+    tuner._check_drift = recording
+    local = Strategy.from_dict({"sync": {"mode": "local_sgd", "period": 4, "warmup_steps": 2}})
+    try:
+        for i in range(62):
+            workloads.loss_of(m(**make_batch(16, gen))).backward()
+            o.step()
+            o.zero_grad()
+            if i == 30:
+                assert tuner.committed is not None, "no commit by step 30"
+                tuner._commit(local, "the test's")
+    finally:
+        m.release()
+    return seen
+
+
+def test_after_a_commit_into_a_local_mode_each_drift_check_ends_on_an_averaging_step():
+    """The drift watch after a commit that switched into a local mode skips its settling steps (the warm-up), as a
+    window does, so that each watch covers whole rounds: the ranks are equal at every check (an averaging step was
+    the last) and a faster rank waits for nothing there. torch's averager averages inside its call number s when
+    s >= warmup and (s - warmup) % period == 0; after n calls the last was s = n - 1. Broken variant: a watch that
+    starts at the commit checks after 8 calls (s = 7: mid-round)."""
+    with RankPool(2, ranks_per_host=1) as pool:
+        seen, seen1 = pool.run(_drift_checks_after_a_local_commit)
+    assert seen == seen1
+    after = [n for n in seen if n is not None]
+    assert len(after) >= 2, seen
+    assert all((n - 1 - 2) % 4 == 0 for n in after), seen

@@ -44,10 +44,11 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    ``on_commit(strategy, windows)`` runs on rank 0 (the API writes the strategy file there). A training that ends
    during the search commits what it measured so far (:meth:`OnlineTuner.finish`, called by ``release`` and the
    integrations' end of training).
-5. **Drift**: after the commit every rank keeps timing its steps (a clock read per step); every ``2 * window``
-   steps the slowest rank's median is compared with the committed strategy's figure. When it is slower by more
-   than ``drift`` (default 25%) or twice the committed windows' spread, whichever is larger, in ``3`` such
-   windows in a row (a host slowed down, a straggler appeared), the
+5. **Drift**: after the commit every rank keeps timing its steps (a clock read per step; after a commit that
+   switched, from the end of the new strategy's settling steps, so that a local mode's watch covers whole
+   rounds); every ``2 * window`` steps the slowest rank's median is compared with the committed strategy's
+   figure. When it is slower by more than ``drift`` (default 25%) or twice the committed windows' spread,
+   whichever is larger, in ``3`` such windows in a row (a host slowed down, a straggler appeared), the
    search opens again: the default trains a window, then the candidates measured before, each once more (the
    budget applies), and the best commits again; at most ``max_reexplore`` times (default 2) in a training.
 
@@ -167,6 +168,9 @@ class OnlineTuner:
         self.committed_s: float | None = None   # the committed strategy's step time when committed (rank 0's figure)
         self._watch: list[float] = []           # steps timed since the commit, for drift
         self._watch_opt: list[float] = []       # the optimizer's step inside each
+        # the first step the watch times: after a commit that switched, the new strategy settles first (a local
+        # mode's warm-up), so that each watch covers whole rounds and ends on an averaging step, as a window does
+        self._watch_from = 0
         self._drifted = 0                       # watch windows in a row slower than committed_s beyond ``drift``
         self._lost_before = 0.0                 # time lost exploring in earlier epochs
         self.model, self.propose = switcher, propose
@@ -189,6 +193,9 @@ class OnlineTuner:
         self.committed_spread = 0.0            # the committed strategy's windows' largest spread (rank 0's)
         self.committed_why = ""                # why the last commit chose what it did
         self.overhead_s = 0.0        # time spent outside training steps: benches, switches, decisions
+        # what this rank waited in the first collective of a window's end or a drift check: the other ranks' steps
+        # still running (a local mode lets a faster rank run ahead by up to a round), not overhead
+        self.waited_s = 0.0
         # that time by part (this rank's): the model's profile, the network's collectives, the switches
         self.overhead_parts = {"profile": 0.0, "network": 0.0, "switch": 0.0}
         self.profile = None
@@ -208,19 +215,35 @@ class OnlineTuner:
                 self.steps - self.current.first_step >= self._settle(self.current):
             self.current.steps_s.append(now - self._last)
             self.current.optimizer_s.append(self._optimizer_s())
-        elif self.committed is not None and self._last is not None:
+        elif self.committed is not None and self._last is not None and self.steps >= self._watch_from:
             self._watch.append(now - self._last)
             self._watch_opt.append(self._optimizer_s())
         self.steps += 1
         if self.committed is None and len(self.current.steps_s) >= self._timed(self.current):
-            t0 = time.perf_counter()
+            t0, waited = time.perf_counter(), self.waited_s
             self._end_window()
-            self.overhead_s += time.perf_counter() - t0
+            self._count_outside(t0, waited)
         elif self.committed is not None and len(self._watch) >= 2 * self.timed_of(self.committed):
-            t0 = time.perf_counter()
+            t0, waited = time.perf_counter(), self.waited_s
             self._check_drift()
-            self.overhead_s += time.perf_counter() - t0
+            self._count_outside(t0, waited)
         self._last = time.perf_counter()
+
+    def _count_outside(self, t0: float, waited: float) -> None:
+        """Time since ``t0`` outside the steps: what was waited for the other ranks' steps since ``waited`` (the
+        ``waited_s`` then) is training, the rest overhead."""
+        wait = self.waited_s - waited
+        self.trained_s += wait
+        self.overhead_s += time.perf_counter() - t0 - wait
+
+    def _all_reduce_max(self, values: list[float]) -> torch.Tensor:
+        """Collective: the ranks' largest ``values``; the time this rank waited for the last to arrive is added to
+        ``waited_s`` (their steps, not the tuner's overhead)."""
+        t0 = time.perf_counter()
+        out = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+        self.waited_s += time.perf_counter() - t0
+        return out
 
     def _optimizer_s(self) -> float:
         """The last optimizer step's time, where the switcher's optimizer measures it (0 elsewhere)."""
@@ -259,8 +282,7 @@ class OnlineTuner:
         return (1 + max(self.drift, 2 * self.committed_spread)) * (self.committed_s or 0.0)
 
     def _check_drift(self) -> None:
-        now = torch.tensor([figure(self.committed, self._watch, self._watch_opt)[0]], dtype=torch.float64)
-        dist.all_reduce(now, op=dist.ReduceOp.MAX)
+        now = self._all_reduce_max([figure(self.committed, self._watch, self._watch_opt)[0]])
         self._watch, self._watch_opt = [], []
         slow = self.committed_s is not None and float(now[0]) > self.drift_limit_s()
         self._drifted = self._drifted + 1 if slow else 0
@@ -286,8 +308,7 @@ class OnlineTuner:
     # --- the end of a window (collective) -----------------------------------------------------------
     def _end_window(self) -> None:
         w = self.current
-        figures = torch.tensor(figure(w.strategy, w.steps_s, w.optimizer_s), dtype=torch.float64)
-        dist.all_reduce(figures, op=dist.ReduceOp.MAX)
+        figures = self._all_reduce_max(list(figure(w.strategy, w.steps_s, w.optimizer_s)))
         w.median_s, w.spread = float(figures[0]), float(figures[1])
         w.busy = w.busy or self.thread is not None and (self.thread.is_alive() or w.first_step <= self._answered)
         self.windows.append(w)
@@ -514,6 +535,8 @@ class OnlineTuner:
             if error is not None:      # it built before; if it does not now, the current one stays
                 why, strategy, step_s = f"{strategy.summary()} failed to start again ({error})", \
                     self.model.strategy, None
+            else:
+                self._watch_from = self.steps + self.settle_of(strategy)
         self.committed, self.committed_s, self._watch, self._watch_opt, self._drifted = strategy, step_s, [], [], 0
         self.committed_at, self.committed_spread, self.committed_why = self.steps, spread, why
         if self.rank == 0:
