@@ -80,9 +80,10 @@ def train_auto(pool, wl, batch, goal, meter, seed, cap_s, options):
 def _seed_journal(journal, prior: dict, args) -> list[str]:
     """``--again``: the arms of a finished context's row ``prior`` that are not measured again, as finished steps of
     ``journal`` (the DDP default's and the tune arms' trainings and searches); returns the arms measured again."""
-    again = [a for a in args.again if a in args.arms]
+    again = [a for a in args.again if a in args.arms or a == "DDP default"]
     for seed in args.seeds:
-        journal.steps.setdefault(f"train DDP default seed {seed}", prior["DDP default"]["runs"][str(seed)])
+        if "DDP default" not in again:
+            journal.steps.setdefault(f"train DDP default seed {seed}", prior["DDP default"]["runs"][str(seed)])
         for arm in (a for a in args.arms if a not in again and a in prior):
             if arm.startswith("tune"):
                 journal.steps.setdefault(f"search {arm}", {k: prior[arm][k] for k in ("source", "lossy", "search_s")}
@@ -300,9 +301,11 @@ def main() -> None:
     ap.add_argument("--work", default=str(Path(__file__).parent / "work" / "online_tuning"))
     ap.add_argument("--out", default=str(RESULTS / "online_tuning.md"))
     ap.add_argument("--table-only", action="store_true", help="measure nothing: the table of the finished contexts")
-    ap.add_argument("--again", nargs="+", default=[], choices=list(ARMS[1:]), metavar="ARM",
+    ap.add_argument("--again", nargs="+", default=[], choices=list(ARMS), metavar="ARM",
                     help="measure these arms of the finished contexts again (the new code's), keeping the others' "
-                         "trainings and searches from their rows")
+                         "trainings and searches from their rows; an arm's ratios to the default are fair only "
+                         "where both were measured on the same machine: measure \"DDP default\" again with them "
+                         "on another")
     args = ap.parse_args()
     work = check_inputs(ap, args)
     arms = ["DDP default", *[a for a in ARMS[1:] if a in args.arms]]
