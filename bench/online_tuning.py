@@ -201,14 +201,14 @@ def _cell(arm: dict | None, default: dict) -> str:
 
 def steps_table(rows: list[dict]) -> list[str]:
     """Where auto point's time went, in steps: per seed the steps the DDP default and auto point took to L*, the
-    steps auto point trained under lossy candidates (their windows, and after the commit if it committed to one),
-    and what it committed to. A lossless commit after lossy windows that needed more steps than the default shows
-    what leaving a local mode cost the training's convergence (beyond the seeds' own spread: the default's steps
-    of its two seeds)."""
+    steps of auto point's windows of lossy candidates, and whether it committed to a lossy one. A lossless commit
+    after lossy windows that needed more steps than the default shows what leaving a local mode cost the
+    training's convergence (beyond the seeds' own spread: the default's steps of its two seeds)."""
     if not rows:
         return []
     lines = ["", "Steps to L* per seed (held-out loss read every 20 steps): the DDP default's, auto point's, and the "
-                 "steps auto point trained under lossy candidates (windows + after a lossy commit).", "",
+                 "steps of auto point's windows of lossy candidates (its exploration; a lossy commit trains the "
+                 "rest).", "",
              "| workload | cluster | seed | default steps | auto point steps | lossy windows' steps | committed |",
              "|---|---|---:|---:|---:|---:|---|"]
     for r in rows:
