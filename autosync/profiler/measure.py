@@ -257,7 +257,6 @@ def _bench_task(ctx: RankContext, sizes, max_op_s: float, reps: int, ahead: bool
 def all_reduce_seconds(ctx: RankContext, nbytes: int, reps: int) -> float:
     """A rank task: one all-reduce of ``nbytes`` on the default group, timed ``reps`` times after a warm-up; the
     slowest rank's median (what a fit of the network is checked against)."""
-    import torch
     import torch.distributed as dist
 
     t = torch.ones(nbytes // 4)

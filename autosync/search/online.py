@@ -220,18 +220,16 @@ class OnlineTuner:
             self._watch_opt.append(self._optimizer_s())
         self.steps += 1
         if self.committed is None and len(self.current.steps_s) >= self._timed(self.current):
-            t0, waited = time.perf_counter(), self.waited_s
-            self._end_window()
-            self._count_outside(t0, waited)
+            self._outside(self._end_window)
         elif self.committed is not None and len(self._watch) >= 2 * self.timed_of(self.committed):
-            t0, waited = time.perf_counter(), self.waited_s
-            self._check_drift()
-            self._count_outside(t0, waited)
+            self._outside(self._check_drift)
         self._last = time.perf_counter()
 
-    def _count_outside(self, t0: float, waited: float) -> None:
-        """Time since ``t0`` outside the steps: what was waited for the other ranks' steps since ``waited`` (the
-        ``waited_s`` then) is training, the rest overhead."""
+    def _outside(self, work) -> None:
+        """``work()`` between two steps: what it waited for the other ranks' steps (``waited_s``) is training, the
+        rest overhead."""
+        t0, waited = time.perf_counter(), self.waited_s
+        work()
         wait = self.waited_s - waited
         self.trained_s += wait
         self.overhead_s += time.perf_counter() - t0 - wait
