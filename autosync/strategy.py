@@ -310,6 +310,16 @@ class Strategy:
         same = Strategy(self.groups, Sync(self.sync.mode, values), self.fusion, self.optimizer_sharding)
         return same.hash
 
+    def steady_traffic_hash(self, ranks_per_host: int) -> str:
+        """:attr:`traffic_hash` as a live window times it, after the mode's warm-up: a mode whose steps then stay
+        inside the host (``SyncModeDef.host_local_after_warmup``: local SGD, DiLoCo) with one rank per host sends
+        nothing through the groups' plans and buckets, so the groups and fusion are left out (the default's
+        stand in); every other strategy's is its :attr:`traffic_hash`."""
+        if ranks_per_host != 1 or not self.sync.kind.host_local_after_warmup:
+            return self.traffic_hash
+        base = Strategy.default()
+        return Strategy(base.groups, self.sync, base.fusion, self.optimizer_sharding).traffic_hash
+
     # --- semantics -----------------------------------------------------------------------
     @property
     def is_lossless(self) -> bool:

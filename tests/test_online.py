@@ -449,18 +449,108 @@ def test_a_candidate_with_the_traffic_of_one_measured_takes_its_step_time_instea
     hash that covers the outer learning rate trains both."""
     first = {"sync": {"mode": "diloco", "period": 4, "warmup_steps": 0, "outer_lr": 0.5}}
     second = {"sync": {"mode": "diloco", "period": 4, "warmup_steps": 0, "outer_lr": 1.0}}
+    # one rank per host: the plans and buckets only carry the warm-up, which no window times
+    third = {"sync": {"mode": "diloco", "period": 4, "warmup_steps": 0, "outer_lr": 0.7},
+             "groups": [{"plan": "ps", "compressor": {"name": "fp16"}}], "fusion": {"bucket_cap_mb": 1}}
     with RankPool(2, ranks_per_host=1) as pool:
-        (_, trace, windows, committed), (_, trace1, _, _) = pool.run(_train, [first, second], 60, True, False, 1.0,
-                                                                      None, 100.0, [0.9, 0.95])
+        (_, trace, windows, committed), (_, trace1, _, _) = pool.run(_train, [first, second, third], 60, True, False,
+                                                                      1.0, None, 100.0, [0.9, 0.95, 0.92])
     windows.pop()
-    a, b = Strategy.from_dict(first), Strategy.from_dict(second)
+    a, b, c = Strategy.from_dict(first), Strategy.from_dict(second), Strategy.from_dict(third)
     assert trace == trace1
     tried = [w for w in windows if w["source"] == "predicted"]
-    assert [w["hash"] for w in tried] == [a.hash, b.hash], tried
+    assert [w["hash"] for w in tried] == [a.hash, b.hash, c.hash], tried
     assert tried[0]["steps"] > 0 and not tried[0]["sibling"], tried[0]
     assert tried[1]["steps"] == 0 and tried[1]["sibling"] == a.hash, tried[1]
+    assert tried[2]["steps"] == 0 and tried[2]["sibling"] == a.hash, tried[2]
     assert tried[1]["median_step_s"] == tried[0]["median_step_s"] and tried[1]["efficiency"] == 0.95
-    assert a.hash in trace and committed in (b.hash, Strategy.default().hash), (committed, windows)
+    assert a.hash in trace and c.hash not in trace and committed in (b.hash, Strategy.default().hash), \
+        (committed, windows)
+
+
+def test_the_steady_traffic_of_a_local_mode_leaves_out_its_warm_ups_plans_only_with_one_rank_per_host():
+    """Local SGD and DiLoCo steps after the warm-up average only inside the host: with one rank per host two of them
+    that differ only in plans, compressors and buckets step alike; with two ranks per host (the host's all-reduce
+    runs through the buckets) or in bsp and selective (the plans carry every step) they do not. Broken variants: a
+    key that ignores the plans everywhere, or nowhere."""
+    def two(sync):
+        plain = Strategy.from_dict({"sync": sync})
+        other = Strategy.from_dict({"sync": sync, "groups": [{"plan": "ps", "compressor": {"name": "bf16"}}],
+                                    "fusion": {"bucket_cap_mb": 4}})
+        return plain, other
+
+    for sync in ({"mode": "local_sgd", "period": 8}, {"mode": "diloco", "period": 16, "fragments": 2}):
+        plain, other = two(sync)
+        assert plain.traffic_hash != other.traffic_hash
+        assert plain.steady_traffic_hash(1) == other.steady_traffic_hash(1), sync
+        assert plain.steady_traffic_hash(2) != other.steady_traffic_hash(2), sync
+    diloco_a, _ = two({"mode": "diloco", "period": 16, "outer_compressor": "int8"})
+    diloco_b, _ = two({"mode": "diloco", "period": 16, "outer_compressor": "fp4"})
+    assert diloco_a.steady_traffic_hash(1) != diloco_b.steady_traffic_hash(1)     # what the averaging sends counts
+    plain, other = two({"mode": "bsp"})
+    assert plain.steady_traffic_hash(1) != other.steady_traffic_hash(1)
+    plain, other = two({"mode": "selective", "islands": [[0, 1], [2]], "period": 4})
+    assert plain.steady_traffic_hash(1) == plain.traffic_hash != other.steady_traffic_hash(1)
+
+
+def _first_candidate_after_the_answer(ctx, answer_at: int):
+    """Train mlp by a tuner (window 8, settle 1) whose prediction answers during step ``answer_at`` (rank 0 lets
+    its thread finish there); the strategy after each step and rank 0's windows."""
+    import threading
+
+    import torch
+
+    from autosync import workloads
+    from autosync.cluster import parse_cluster
+    from autosync.executor.switch import SwitchableModel, SwitchableOptimizer
+    from autosync.profiler.profile import environment
+    from autosync.search.online import OnlineTuner
+
+    torch.manual_seed(0)
+    model, make_batch = workloads.build("mlp", seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(1000 + ctx.rank)
+    m, o = SwitchableModel(model, Strategy.default(), ranks_per_host=1), SwitchableOptimizer(opt)
+    answer = threading.Event()
+    candidate = Strategy.from_dict({"fusion": {"bucket_cap_mb": 1}})
+
+    def propose(profile):
+        answer.wait(60)
+        return [(candidate, None, 1.0)]
+
+    tuner = OnlineTuner(m, opt, propose, window=8, settle=1, budget=1.0, drift=100.0, ranks_per_host=1,
+                        cluster=parse_cluster("2x1@1gbit"), env=environment("unshaped"))
+    trace = []
+
+    def answer_now():
+        if len(trace) == answer_at and ctx.rank == 0:
+            answer.set()
+            tuner.thread.join(60)
+
+    o.on_step.extend([answer_now, tuner.after_step, lambda: trace.append(m.strategy.hash)])
+    try:
+        for _ in range(answer_at + 12):
+            workloads.loss_of(m(**make_batch(16, gen))).backward()
+            o.step()
+            o.zero_grad()
+    finally:
+        answer.set()
+        m.release()
+    return trace, [w.as_dict() for w in tuner.windows], candidate.hash
+
+
+def test_the_first_candidate_starts_at_the_step_after_the_prediction_answers():
+    """The default's first window is half a window (4 timed steps of 8, after 1 settling step), and while rank 0
+    predicts every rank learns after each step whether the answer is in: the candidate trains from the next step,
+    not from the end of a window of the default. Broken variants: a first window of 8 timed steps; no asking (the
+    candidate waits for the default's half window ending 3 steps later)."""
+    answer_at = 10            # the first window ends after step 4; the default goes on in windows of 4 steps
+    with RankPool(2, ranks_per_host=1) as pool:
+        (trace, windows, cand), (trace1, _, _) = pool.run(_first_candidate_after_the_answer, answer_at)
+    assert trace == trace1
+    assert windows[0]["source"] == "default" and windows[0]["steps"] == 4, windows[0]
+    assert trace.index(cand) == answer_at, (trace.index(cand) if cand in trace else None, windows)
+    assert all(h == trace[0] for h in trace[:answer_at]), trace
 
 
 def _drift_checks_after_a_local_commit(ctx):

@@ -214,6 +214,9 @@ class SyncModeDef(Entry):
     needs_hosts: ClassVar[bool] = False
     allows_zero: ClassVar[bool] = True           # may be combined with ZeroRedundancyOptimizer
     bypasses_plans: ClassVar[bool] = False       # some steps skip the groups' plans
+    #: after ``warmup_steps`` every step's buckets stay inside the host (:meth:`local_step` true, :meth:`run_local`
+    #: averages over the host's ranks): with one rank per host the groups' plans and the buckets send nothing
+    host_local_after_warmup: ClassVar[bool] = False
     #: ranks do not wait for each other (asp): each runs at its own pace, throughput is the sum of the ranks'
     #: rates, and statistical efficiency depends on timing (measured on the cluster, in time-based windows)
     asynchronous: ClassVar[bool] = False

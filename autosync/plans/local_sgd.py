@@ -28,6 +28,7 @@ class LocalSGD(SyncModeDef):
     needs_hosts = True
     allows_zero = False
     bypasses_plans = True
+    host_local_after_warmup = True
     wraps_optimizer = True
     fields = {"period": Field(4, 2, 10_000, unused=1), "warmup_steps": Field(10, 0, 1_000_000, unused=0, traffic=False),
               "outer_compressor": OUTER_COMPRESSOR}

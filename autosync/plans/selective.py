@@ -183,6 +183,7 @@ class Selective(LocalSGD):
     needs_hosts = True
     allows_zero = False
     bypasses_plans = True
+    host_local_after_warmup = False     # its local steps average over islands of hosts (run_local)
     fields = {"islands": Field(read=read_islands, unused=(), required=(
                   "required for mode selective: the hosts that average every step, as a list of host lists (e.g. "
                   "[[0, 1], [2]]); `autosync tune` chooses them from the per-path bandwidth")),

@@ -7,12 +7,15 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
                            (rank 0 predicts in a background thread while the default keeps training)
 
 1. **Default window**: the strategy the training starts with (the DDP default) runs ``settle`` steps (DDP builds
-   its buckets at the second) and ``window`` timed steps; a :class:`~autosync.profiler.observe.StepObserver`
-   records them. At its end every rank runs a few seconds of collectives (:func:`network_here`) and rank 0 builds
-   the :class:`~autosync.profiler.Profile` and starts ``propose(profile)`` in a thread. Until it answers, the
-   default keeps training in further windows of half the size (at least 4 steps; their steps refine the
-   default's figure), for at most ``max_wait_s``. A window of the strategy already training (the default going
-   on, the incumbent between candidates) settles nothing: it times from its first step.
+   its buckets at the second) and half a window of timed steps (``window // 2``, at least 4: on a slow network
+   every default step is the one a candidate would most shorten); a
+   :class:`~autosync.profiler.observe.StepObserver` records them. At its end every rank runs a few seconds of
+   collectives (:func:`network_here`) and rank 0 builds the :class:`~autosync.profiler.Profile` and starts
+   ``propose(profile)`` in a thread. Until it answers, the default keeps training (in windows of half the size,
+   for at most ``max_wait_s``), and after each of its steps every rank learns from rank 0 (one one-number
+   all-reduce) whether the answer is in: the first candidate starts at the next step. A window of the strategy
+   already training (the default going on, the incumbent between candidates) settles nothing: it times from its
+   first step.
 2. **Candidate windows**: each proposed strategy (only those the switcher can train: synchronous modes, and with
    :func:`autosync.apply`'s switcher the local modes too, :mod:`autosync.executor.switch`) trains ``settle +
    window`` steps. A window's figure is the slowest rank's median step time; its spread, the slowest rank's
@@ -30,9 +33,10 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    the default's beyond the larger spread is dropped; a candidate that fails to build on any rank reverts every
    rank to the last strategy and is recorded as failed with its reason.
    Between candidates the fastest strategy measured so far (the *incumbent*) trains. A candidate that sends what a
-   strategy measured in this search sends (the same :attr:`~autosync.strategy.Strategy.traffic_hash`: DiLoCo
-   variants that differ only in their outer learning rate or momentum) is not trained: it takes that one's step
-   time, judged at its own efficiency.
+   strategy measured in this search sends in the steps a window times (the same
+   :meth:`~autosync.strategy.Strategy.steady_traffic_hash`: DiLoCo variants that differ only in their outer
+   learning rate or momentum; with one rank per host, local modes that differ only in the plans and buckets of
+   their warm-up steps) is not trained: it takes that one's step time, judged at its own efficiency.
 3. **Budget**: exploring costs the time candidates lose against the incumbent, each timed or settling step of a
    candidate window counted at ``max(0, its median - the best's median)`` (wall-clock time). The next candidate starts only while that
    loss is at most ``budget`` (default 5%) of the training time observed so far; otherwise the incumbent trains
@@ -183,7 +187,11 @@ class OnlineTuner:
         self.rank = dist.get_rank()
         self.steps = 0
         self.windows: list[Window] = []
-        self.current = Window(switcher.strategy, "default", 0)
+        # the first window: half a window (at least 4 timed steps), enough for the profile and the default's figure
+        self.current = Window(switcher.strategy, "default", 0, timed=max(4, window // 2))
+        # every rank: rank 0's prediction runs and has not answered (each step then asks whether it has, so that
+        # the first candidate starts at the step after the answer)
+        self._polling = False
         self.default_strategy, self.default_hash = switcher.strategy, switcher.strategy.hash
         self.queue: list[tuple[Strategy, float | None, float]] | None = None   # rank 0: (candidate, speedup, eff)
         self.proposal: dict = {}                                      # rank 0: the thread's answer
@@ -221,6 +229,8 @@ class OnlineTuner:
         self.steps += 1
         if self.committed is None and len(self.current.steps_s) >= self._timed(self.current):
             self._outside(self._end_window)
+        elif self._polling and self.committed is None and self.current.steps_s:
+            self._outside(self._poll)
         elif self.committed is not None and len(self._watch) >= 2 * self.timed_of(self.committed):
             self._outside(self._check_drift)
         self._last = time.perf_counter()
@@ -233,6 +243,12 @@ class OnlineTuner:
         wait = self.waited_s - waited
         self.trained_s += wait
         self.overhead_s += time.perf_counter() - t0 - wait
+
+    def _poll(self) -> None:
+        """Collective, while rank 0 predicts: whether its answer is in; if so, the window ends at this step."""
+        done = self.rank == 0 and self.thread is not None and not self.thread.is_alive()
+        if self._all_reduce_max([1.0 if done else 0.0])[0] > 0:
+            self._end_window()
 
     def _all_reduce_max(self, values: list[float]) -> torch.Tensor:
         """Collective: the ranks' largest ``values``; the time this rank waited for the last to arrive is added to
@@ -268,10 +284,11 @@ class OnlineTuner:
         steps), so that the first candidate starts soon after the answer."""
         strategy = self.model.strategy
         going = round_of(strategy) == 1
-        waiting = self.queue is None and self.committed is None
+        # every rank knows whether rank 0 is still predicting (``_polling``, from its broadcast decision): the
+        # window's length must be the same on every rank
         return Window(strategy, source, self.steps, predicted_speedup=self.current.predicted_speedup,
                       epoch=self.epoch, settle=0 if going else None,
-                      timed=max(4, self.window // 2) if going and waiting else None)
+                      timed=max(4, self.window // 2) if going and self._polling else None)
 
     # --- after the commit: drift (collective) ------------------------------------------------------
     def drift_limit_s(self) -> float:
@@ -320,6 +337,7 @@ class OnlineTuner:
                                               and w.strategy.hash == h and w.median_s is not None), default=0.0)
             dist.broadcast_object_list(action, src=0)
             kind, payload = action[0]
+            self._polling = kind == "stay" and payload == "waiting"
             if kind == "stay":
                 self.current = self._going_on(self.current.source if self.current.source != "predicted"
                                               else "incumbent")
@@ -463,7 +481,7 @@ class OnlineTuner:
                 if time.monotonic() - self._asked > self.max_wait_s:
                     return "commit", {"strategy": default.strategy.canonical(), "step_s": default.median_s,
                                       "why": "the prediction took too long"}
-                return "stay", None
+                return "stay", "waiting"
             self.queue, seen = [], {self.default_hash}
             for s, p, *eff in self.proposal["candidates"]:
                 s = self.model.adapt(s)         # as the switcher would train it (a framework's DDP keeps its buckets;
@@ -505,14 +523,16 @@ class OnlineTuner:
         return "its predicted efficiency's " + ("point estimate" if self.efficiency_rule == "point" else "lower bound")
 
     def _sibling_measured(self) -> bool:
-        """Rank 0: when the next candidate sends what a strategy measured in this search sends (the same
-        :attr:`~autosync.strategy.Strategy.traffic_hash`: DiLoCo variants that differ in their outer learning rate
-        or momentum), it takes that one's step time instead of a window of its own, judged at its own
-        efficiency; True when it did (and left the queue)."""
+        """Rank 0: when the next candidate sends what a strategy measured in this search sends in the steps a
+        window times (the same :meth:`~autosync.strategy.Strategy.steady_traffic_hash`: DiLoCo variants that
+        differ in their outer learning rate or momentum, and with one rank per host, local modes that differ only
+        in the plans and buckets of their warm-up), it takes that one's step time instead of a window of its own,
+        judged at its own efficiency; True when it did (and left the queue)."""
         strategy, predicted, efficiency = self.queue[0]
-        key = strategy.traffic_hash
+        key = strategy.steady_traffic_hash(self.rph)
         measured = [w for w in self.windows if w.epoch == self.epoch and w.median_s is not None and not w.sibling
-                    and w.steps_s and w.strategy.traffic_hash == key and not w.outcome.startswith("failed")]
+                    and w.steps_s and w.strategy.steady_traffic_hash(self.rph) == key
+                    and not w.outcome.startswith("failed")]
         if not measured:
             return False
         self.queue.pop(0)
