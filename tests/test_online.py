@@ -425,7 +425,7 @@ def test_a_local_modes_window_times_whole_rounds_and_counts_the_averaging_but_no
     optimizer's step exactly (its mean over the rounds) and the rest of the step by its median, so that an
     evaluation between two steps does not move it; bsp's is the median. Broken variants: the median of the steps
     (0.1: hides the averaging), their plain mean (0.325 with the evaluation)."""
-    from autosync.search.online import OnlineTuner, figure
+    from autosync.search.online import figure, window_steps
 
     diloco = Strategy.from_dict({"sync": {"mode": "diloco", "period": 4, "warmup_steps": 4}})
     steps = [0.1, 0.1, 0.1, 0.5] * 2                  # the 4th step of each round averages inside the optimizer
@@ -436,10 +436,8 @@ def test_a_local_modes_window_times_whole_rounds_and_counts_the_averaging_but_no
     assert figure(diloco, evaluated, optimizer)[0] == pytest.approx(0.2)
     assert figure(diloco, steps)[0] == pytest.approx(0.2)          # without the optimizer's times: the mean
     diloco = Strategy.from_dict({"sync": {"mode": "diloco", "period": 8, "warmup_steps": 4}})
-    tuner = OnlineTuner.__new__(OnlineTuner)
-    tuner.window, tuner.settle = 6, 2
-    assert (tuner.timed_of(diloco), tuner.settle_of(diloco)) == (8, 5)
-    assert (tuner.timed_of(Strategy.default()), tuner.settle_of(Strategy.default())) == (6, 2)
+    assert window_steps(diloco, 6, 2) == (5, 8)
+    assert window_steps(Strategy.default(), 6, 2) == (2, 6)
 
 
 def test_a_candidate_with_the_traffic_of_one_measured_takes_its_step_time_instead_of_a_window():

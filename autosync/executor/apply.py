@@ -59,11 +59,13 @@ def apply(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: St
                   init_sync=init_sync)
         ddp.register_comm_hook(state, autosync_hook)
     ddp.autosync_state = state
-    return ddp, _wrap_optimizer(optimizer, model, strategy, pg, state)
+    return ddp, wrap_optimizer(optimizer, model, strategy, pg, state)
 
 
-def _wrap_optimizer(optimizer, model, strategy: Strategy, pg, state: SyncState):
-    """ZeRO and the sync mode's optimizer wrapper (local SGD's averager, asp's exchange), in that order."""
+def wrap_optimizer(optimizer, model, strategy: Strategy, pg, state: SyncState):
+    """``optimizer`` as ``strategy`` steps it: ZeRO's sharding, then the sync mode's wrapper (local SGD's and
+    DiLoCo's averager, asp's exchange); what must finish before ``state``'s groups go is added to its closers.
+    :func:`apply` and a live switch into a local mode (:mod:`autosync.executor.switch`) build it here."""
     if strategy.optimizer_sharding == "zero":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -149,7 +151,7 @@ def register(ddp_model: DDP, strategy: Strategy | str | os.PathLike, optimizer=N
         warnings.warn(f"autosync.register: the model was wrapped with {mismatch}; set it where the model is "
                       f"wrapped: {BUCKET_KNOBS}", stacklevel=2)
     state = attach_hook(ddp_model, strategy, process_group, ranks_per_host, module, **hook_options)
-    return None if optimizer is None else _wrap_optimizer(optimizer, ddp_model.module, strategy, state.pg, state)
+    return None if optimizer is None else wrap_optimizer(optimizer, ddp_model.module, strategy, state.pg, state)
 
 
 def tuned_module(ddp_model: DDP, module=None) -> torch.nn.Module:

@@ -151,10 +151,10 @@ class SwitchableModel(torch.nn.Module):
             p.grad = None
         self._install(strategy, state, init_sync=False)
         if local:
-            from autosync.executor.apply import _wrap_optimizer
+            from autosync.executor.apply import wrap_optimizer
 
             raw = self._optimizer.optimizer
-            self._optimizer.inner = _wrap_optimizer(raw, self.module, strategy, self._pg, state) \
+            self._optimizer.inner = wrap_optimizer(raw, self.module, strategy, self._pg, state) \
                 if strategy.sync.kind.wraps_optimizer else raw
         return None
 

@@ -151,6 +151,14 @@ def figure(strategy: Strategy, steps_s: list[float], optimizer_s: list[float] | 
             _spread(rounds))
 
 
+def window_steps(strategy: Strategy, window: int, settle: int) -> tuple[int, int]:
+    """(untimed, timed) steps of a window of ``strategy`` that switched in: ``settle``, and for a local mode its
+    bsp warm-up and one more step; ``window``, rounded up to the strategy's whole rounds."""
+    k = round_of(strategy)
+    untimed = max(settle, getattr(strategy.sync, "warmup_steps", 0) + 1 if k > 1 else 0)
+    return untimed, -(-window // k) * k
+
+
 class OnlineTuner:
     """The tuner of a live training. ``switcher``: a :class:`~autosync.executor.switch.SwitchableModel` (a plain
     loop) or :class:`~autosync.executor.switch.SwitchableHook` (a framework's DDP); ``optimizer``: the torch
@@ -264,13 +272,10 @@ class OnlineTuner:
         return getattr(getattr(self.model, "_optimizer", None), "last_step_s", 0.0)
 
     def settle_of(self, strategy: Strategy) -> int:
-        """Untimed steps at the start of ``strategy``'s window: ``settle``, and a local mode's bsp warm-up."""
-        return max(self.settle, getattr(strategy.sync, "warmup_steps", 0) + 1 if round_of(strategy) > 1 else 0)
+        return window_steps(strategy, self.window, self.settle)[0]
 
     def timed_of(self, strategy: Strategy) -> int:
-        """Timed steps of ``strategy``'s window: ``window``, rounded up to its whole rounds."""
-        k = round_of(strategy)
-        return -(-self.window // k) * k
+        return window_steps(strategy, self.window, self.settle)[1]
 
     def _settle(self, w: Window) -> int:
         return self.settle_of(w.strategy) if w.settle is None else w.settle
