@@ -122,8 +122,8 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say, prior=None
                                                                        cost_model, eff_model, noise, card, work, ctx,
                                                                        refs, say))
             picks[arm] = kept
-            row[arm] = {"hash": kept["strategy_hash"], "source": kept["source"], "lossy": kept["lossy"],
-                        "search_s": kept["search_s"], "runs": {}}
+            row[arm] = {"hash": kept["strategy_hash"], "pick": Strategy.from_dict(kept["strategy"]).summary(),
+                        "source": kept["source"], "lossy": kept["lossy"], "search_s": kept["search_s"], "runs": {}}
         row["DDP default"] = {"runs": {}}
         autos = {a: rule for a, rule in (("auto", "lower"), ("auto point", "point")) if a in args.arms}
         for arm in autos:
@@ -159,8 +159,12 @@ def _tune(pool, cluster, wl, batch, arm, args, base, cost_model, eff_model, nois
     t0 = time.monotonic()
     profile = nominal_profile(cluster, wl, batch) if n == 0 else context_profile(
         DatasetStore(scratch / "profiles"), pool, cluster, wl, batch, say)
-    config = TuneConfig(measure=n, storage=f"sqlite:///{scratch}/{arm.replace(' ', '-')}.db",
-                        objective="time-to-loss")
+    # tune m0 (seconds, nothing to resume) searches a fresh study: TPE's proposals, and so its pick, must not depend
+    # on the trials an earlier run of this bench added; tune m8's study is kept, so that a search cut short resumes
+    study = scratch / f"{arm.replace(' ', '-')}.db"
+    if n == 0:
+        study.unlink(missing_ok=True)
+    config = TuneConfig(measure=n, storage=f"sqlite:///{study}", objective="time-to-loss")
     with EfficiencyMeter(DatasetStore(work / "efficiency-tune"), wl, batch, cluster.world_size,
                          cluster.ranks_per_node, also=[refs], progress=say) as meter:
         if n:
