@@ -87,7 +87,7 @@ def _seed_journal(journal, prior: dict, args) -> list[str]:
         for arm in (a for a in args.arms if a not in again and a in prior):
             if arm.startswith("tune"):
                 journal.steps.setdefault(f"search {arm}", {k: prior[arm][k] for k in ("source", "lossy", "search_s")}
-                                         | {"strategy_hash": prior[arm]["hash"]})
+                                         | {"strategy_hash": prior[arm]["hash"], "pick": prior[arm].get("pick")})
             journal.steps.setdefault(f"train {arm} seed {seed}", prior[arm]["runs"][str(seed)])
     return again
 
@@ -122,7 +122,7 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say, prior=None
                                                                        cost_model, eff_model, noise, card, work, ctx,
                                                                        refs, say))
             picks[arm] = kept
-            row[arm] = {"hash": kept["strategy_hash"], "pick": Strategy.from_dict(kept["strategy"]).summary(),
+            row[arm] = {"hash": kept["strategy_hash"], "pick": kept.get("pick"),
                         "source": kept["source"], "lossy": kept["lossy"], "search_s": kept["search_s"], "runs": {}}
         row["DDP default"] = {"runs": {}}
         autos = {a: rule for a, rule in (("auto", "lower"), ("auto point", "point")) if a in args.arms}
@@ -173,6 +173,7 @@ def _tune(pool, cluster, wl, batch, arm, args, base, cost_model, eff_model, nois
                       pool if n else None, base, workload=wl, efficiency_model=eff_model, noise_scale=noise,
                       meter=meter if n else None, on_progress=say, intervals_card=card)
     return {"strategy": result.strategy.canonical(), "strategy_hash": result.strategy.hash,
+            "pick": result.strategy.summary(),
             "source": result.source, "lossy": not result.strategy.is_lossless, "search_s": time.monotonic() - t0}
 
 

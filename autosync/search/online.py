@@ -196,7 +196,7 @@ class OnlineTuner:
         self.steps = 0
         self.windows: list[Window] = []
         # the first window: half a window (at least 4 timed steps), enough for the profile and the default's figure
-        self.current = Window(switcher.strategy, "default", 0, timed=max(4, window // 2))
+        self.current = Window(switcher.strategy, "default", 0, timed=self.half_window)
         # every rank: rank 0's prediction runs and has not answered (each step then asks whether it has, so that
         # the first candidate starts at the step after the answer)
         self._polling = False
@@ -271,6 +271,12 @@ class OnlineTuner:
         """The last optimizer step's time, where the switcher's optimizer measures it (0 elsewhere)."""
         return getattr(getattr(self.model, "_optimizer", None), "last_step_s", 0.0)
 
+    @property
+    def half_window(self) -> int:
+        """Timed steps of the default's first window and of the windows while rank 0 predicts: half a window, at
+        least 4 (a median and a spread)."""
+        return max(4, self.window // 2)
+
     def settle_of(self, strategy: Strategy) -> int:
         return window_steps(strategy, self.window, self.settle)[0]
 
@@ -293,7 +299,7 @@ class OnlineTuner:
         # window's length must be the same on every rank
         return Window(strategy, source, self.steps, predicted_speedup=self.current.predicted_speedup,
                       epoch=self.epoch, settle=0 if going else None,
-                      timed=max(4, self.window // 2) if going and self._polling else None)
+                      timed=self.half_window if going and self._polling else None)
 
     # --- after the commit: drift (collective) ------------------------------------------------------
     def drift_limit_s(self) -> float:
