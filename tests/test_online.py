@@ -335,9 +335,10 @@ def test_auto_options_and_the_job_cluster_from_a_measured_network():
 
 
 def _local_round_trip(ctx):
-    """Train mlp with Adam: 2 steps by the DDP default, 6 by local SGD (period 4, no warm-up: torch's averager
-    averages at its steps 0 and 4), 3 by DiLoCo (period 8: no averaging in them), then switch back to the default
-    and train 2 more. Returns, per phase, what the test compares across ranks."""
+    """Train mlp with Adam: 2 steps by the DDP default, 6 by local SGD (period 4; switched to after the training's
+    first steps it starts past its warm-up, so torch's averager averages after its 4th step only), 3 by DiLoCo
+    (period 8: no averaging in them), then switch back to the default and train 2 more. Returns, per phase, what the
+    test compares across ranks."""
     import torch
     import torch.distributed as dist
 
@@ -402,22 +403,128 @@ def _local_round_trip(ctx):
 
 def test_a_local_mode_switched_to_averages_by_its_period_and_leaving_it_averages_parameters_and_optimizer_state():
     """``"auto"`` explores local SGD and DiLoCo live: the optimizer steps through the mode's averager while it
-    trains (torch's averager averages at its steps 0 and 4 of period 4: the ranks are equal there and apart between);
-    into another local mode the ranks start from the mean of their parameters and keep their own Adam moments; back
-    to bsp every rank starts from the mean of the ranks' parameters and of their moments, from which DDP keeps them
-    equal. Broken variants: a switch that leaves without averaging (parameters and moments off the mean, ranks
-    apart after), one that averages the parameters only (moments off the mean), an optimizer whose step skips the
-    averager (ranks apart at steps 0 and 4)."""
+    trains (past its warm-up, torch's averager of period 4 averages after the 4th step: the ranks are equal there and
+    apart before and after); into DiLoCo from plain local SGD (no global copy to go on from) the ranks start from
+    the mean of their parameters and keep their own Adam moments; back to bsp every rank starts from the mean of
+    the ranks' parameters and of their moments, from which DDP keeps them equal. Broken variants: a switch that
+    leaves without averaging (parameters and moments off the mean, ranks apart after), one that averages the
+    parameters only (moments off the mean), an optimizer whose step skips the averager (ranks apart at step 3),
+    a local mode that starts its warm-up again (ranks equal at steps 0 and 1: bsp)."""
     with RankPool(2, ranks_per_host=1) as pool:
         r0, r1 = pool.run(_local_round_trip)
     assert r0["local"] == r1["local"]
-    eq, apart = [r0["local"][i] for i in (0, 4)], [r0["local"][i] for i in (1, 2, 3, 5)]
+    eq, apart = [r0["local"][i] for i in (3,)], [r0["local"][i] for i in (0, 1, 2, 4, 5)]
     assert max(eq) == 0.0 and min(apart) > 1e-6, r0["local"]
     assert r0["moments_apart_before"] > 1e-9, r0          # the moments had drifted: their mean is a real test
     for r in (r0, r1):
         assert r["local_params_vs_mean"] < 1e-6 and r["local_moments_kept"] == 0.0, r
         assert r["params_vs_mean"] < 1e-6 and r["moments_vs_mean"] < 1e-9, r
     assert r0["apart_after"] == 0.0 and r1["apart_after"] == 0.0
+
+
+def _diloco_goes_on_past_its_warm_up(ctx):
+    """Train mlp with SGD (momentum 0.9): 3 steps by the DDP default, 6 by DiLoCo A (period 4, warm-up 2, outer lr
+    0.7, Nesterov momentum 0.9), 8 by DiLoCo B (period 4, warm-up 2, outer lr 0.5, no momentum), and beside it a
+    reference written out here on a copy of the model: the DDP steps average the gradients; each DiLoCo step is the
+    rank's own; after every 4th step of a DiLoCo the pseudo-gradient ``theta_g - theta_r`` is averaged, the outer
+    SGD steps ``theta_g`` and every rank copies it. A's ``theta_g`` starts from the parameters at the switch; B goes
+    on from A's. The largest difference to the reference and between the ranks, along the way."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+
+    from autosync import workloads
+    from autosync.executor.switch import SwitchableModel, SwitchableOptimizer
+
+    torch.manual_seed(0)
+    model, make_batch = workloads.build("mlp", seed=0)
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    gens = [torch.Generator().manual_seed(1000 + ctx.rank) for _ in range(2)]
+    m, o = SwitchableModel(model, Strategy.default(), ranks_per_host=1), SwitchableOptimizer(opt)
+    m.bind(o)
+    world = dist.get_world_size()
+    outer = {"g": None, "buf": None}
+
+    def flat(mod):
+        return torch.cat([p.detach().reshape(-1) for p in mod.parameters()])
+
+    def ref_step(sync: bool):
+        workloads.loss_of(ref(**make_batch(16, gens[1]))).backward()
+        if sync:
+            for p in ref.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= world
+        ref_opt.step()
+        ref_opt.zero_grad()
+
+    def ref_outer(lr, momentum):
+        delta = outer["g"] - flat(ref)
+        dist.all_reduce(delta)
+        delta /= world
+        if momentum:
+            outer["buf"] = delta.clone() if outer["buf"] is None else momentum * outer["buf"] + delta
+            delta = delta + momentum * outer["buf"]             # Nesterov
+        outer["g"] = outer["g"] - lr * delta
+        torch.nn.utils.vector_to_parameters(outer["g"].clone(), ref.parameters())
+
+    def step():
+        workloads.loss_of(m(**make_batch(16, gens[0]))).backward()
+        o.step()
+        o.zero_grad()
+
+    out = {"vs_reference": [], "apart": [], "resumed": []}
+    a = Strategy.from_dict({"sync": {"mode": "diloco", "period": 4, "warmup_steps": 2, "outer_lr": 0.7,
+                                     "outer_momentum": 0.9, "nesterov": True}})
+    b = Strategy.from_dict({"sync": {"mode": "diloco", "period": 4, "warmup_steps": 2, "outer_lr": 0.5,
+                                     "outer_momentum": 0.0}})
+    try:
+        for _ in range(3):
+            step()
+            ref_step(sync=True)
+        assert m.switch(a) is None
+        out["resumed"].append(m.resumed)
+        outer["g"] = flat(ref).clone()
+        for i in range(6):
+            step()
+            ref_step(sync=False)
+            if i % 4 == 3:
+                ref_outer(0.7, 0.9)
+            out["vs_reference"].append(float((flat(model) - flat(ref)).abs().max()))
+            both = [torch.empty_like(flat(model)) for _ in range(world)]
+            dist.all_gather(both, flat(model))
+            out["apart"].append(float((both[0] - both[1]).abs().max()))
+        assert m.switch(b) is None
+        out["resumed"].append(m.resumed)
+        outer["buf"] = None
+        for i in range(8):
+            step()
+            ref_step(sync=False)
+            if i % 4 == 3:
+                ref_outer(0.5, 0.0)
+            out["vs_reference"].append(float((flat(model) - flat(ref)).abs().max()))
+    finally:
+        m.release()
+    return out
+
+
+def test_a_local_mode_switched_to_mid_training_starts_past_its_warm_up_and_diloco_goes_on_from_its_global_copy():
+    """The warm-up is the training's: DiLoCo switched to after 3 bsp steps trains locally from its first step and
+    synchronizes after every 4th; switched from one DiLoCo to another mid-round, nothing is exchanged and the second
+    goes on from the first's global copy, so its first pseudo-gradient holds the 2 inner steps taken before the
+    switch. Both equal a reference written out in the test, over 14 steps. Broken variants: a warm-up again after
+    each switch (2 bsp steps: off the reference, and the ranks equal at A's first step), a global copy started again
+    from the parameters at the second switch (they are apart: off the reference after B's first synchronization),
+    the parameters averaged at that switch (off the reference)."""
+    with RankPool(2, ranks_per_host=1) as pool:
+        r0, r1 = pool.run(_diloco_goes_on_past_its_warm_up)
+    for r in (r0, r1):
+        assert r["resumed"] == [True, True], r
+        assert max(r["vs_reference"]) < 1e-5, r["vs_reference"]
+    apart = r0["apart"]
+    assert min(apart[i] for i in (0, 1, 2, 4, 5)) > 1e-6 and apart[3] == 0.0, apart
 
 
 def test_a_local_modes_window_times_whole_rounds_and_counts_the_averaging_but_not_an_evaluation():

@@ -26,9 +26,25 @@ then averages every parameter and every floating-point optimizer state tensor ov
 
     theta <- mean_r theta_r        s <- mean_r s_r   (each state tensor s: Adam's moments, SGD's momentum, ...)
 
-so every rank starts the next strategy from the same parameters, as DDP requires. Into another local mode only
-the parameters are averaged: the optimizer's state stays each rank's own there, as it does under one (the
-state is most of the bytes: Adam's two moments are twice the parameters'). Refused with one line, never
+so every rank starts the next strategy from the same parameters, as DDP requires.
+
+**Into a local mode, past its warm-up.** Its warm-up (``warmup_steps`` bsp steps) is the training's, not the
+strategy's: once the training has taken as many steps (at least one), a local mode whose averager can start late
+(torch's ``PeriodicModelAverager``: local SGD, selective; the outer loop's: DiLoCo, a local mode through a codec;
+:func:`autosync.plans.outer.resumable`) starts past it, ``resumed``: its hook's steps are local from the first,
+and its averager's first averaging is a whole period away (:func:`autosync.plans.outer.resume`). What the ranks
+then start from:
+
+- from a synchronous mode: their parameters, equal; DiLoCo's global copy starts from them;
+- from a local mode: where each rank is, without an exchange. torch's averager averages them at its period;
+  DiLoCo goes on from the global copy the last outer loop left (equal on every rank), so the pseudo-gradient of its
+  first synchronization holds the inner steps the ranks took before the switch as well. Only into DiLoCo from a
+  mode without a global copy (plain local SGD) are the parameters averaged first, and the global copy starts there.
+
+On a slow link that saves, per switch, the warm-up's bsp steps and an all-reduce of the model. Into another local
+mode that does not start past its warm-up (adaptive, or a training younger than the warm-up) only the parameters
+are averaged: the optimizer's state stays each rank's own there, as it does under one (the state is most of the
+bytes: Adam's two moments are twice the parameters'). Refused with one line, never
 explored live: ZeRO's sharded state, asp (it trains without DDP, each rank at its own pace), and local modes on a
 framework's DDP (:class:`SwitchableHook`: the framework steps its own optimizer). A strategy that raises inside
 the comm hook during a backward is not caught here: torch raises it from the user's ``backward()``.
@@ -43,6 +59,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from autosync.executor.apply import _ranks_per_host, tuned_module
 from autosync.executor.hooks import SyncState, autosync_hook
+from autosync.plans.outer import global_copy, resumable, resume
 from autosync.strategy import Strategy
 from autosync.workloads import embedding_parameter_names
 
@@ -90,6 +107,7 @@ class SwitchableModel(torch.nn.Module):
         object.__setattr__(self, "ddp", None)
         object.__setattr__(self, "strategy", None)
         object.__setattr__(self, "_optimizer", None)
+        object.__setattr__(self, "resumed", False)
         why = switchable(strategy)
         if why:
             raise ValueError(f"cannot train by {strategy.summary()}: {why}")
@@ -133,29 +151,50 @@ class SwitchableModel(torch.nn.Module):
             old.autosync_state.close()
 
     def switch(self, strategy: Strategy) -> str | None:
-        """Collective: move every rank to ``strategy``; None when done, else why every rank stayed where it was."""
+        """Collective: move every rank to ``strategy``; None when done, else why every rank stayed where it was.
+        ``resumed`` says afterwards whether a local mode switched to started past its warm-up (see the module's
+        docstring)."""
         local = self._optimizer is not None
         state, error = candidate_state(self.module, strategy, self._pg, self._rph, self._embeddings, local=local,
                                        **self._hook_options)
         if error is not None:
             return error
-        if self.strategy.sync.kind.wraps_optimizer:     # leaving a local mode: every rank from the same point
-            inner = self._optimizer.inner
-            drain = getattr(getattr(inner, "averager", None), "drain", None)
-            if drain is not None:
-                drain()
-            # into another local mode the optimizer's state stays each rank's own, as it is under one
-            average_everywhere([p for p in self.module.parameters() if p.requires_grad],
-                               None if strategy.sync.kind.wraps_optimizer else self._optimizer.optimizer, self._pg)
-        for p in self.module.parameters():
-            p.grad = None
-        self._install(strategy, state, init_sync=False)
+        leaving = self.strategy.sync.kind.wraps_optimizer
+        old = getattr(self._optimizer.inner, "averager", None) if leaving else None
+        if getattr(old, "drain", None) is not None:     # outer all-reduces in flight finish first
+            old.drain()
+        inner = None
         if local:
             from autosync.executor.apply import wrap_optimizer
 
             raw = self._optimizer.optimizer
-            self._optimizer.inner = wrap_optimizer(raw, self.module, strategy, self._pg, state) \
+            inner = wrap_optimizer(raw, self.module, strategy, self._pg, state) \
                 if strategy.sync.kind.wraps_optimizer else raw
+        new = getattr(inner, "averager", None)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        resumed = new is not None and resumable(new) and self._optimizer.steps >= max(1, new.warmup_steps)
+        # the ranks' parameters are apart when a local mode past its warm-up (or one whose schedule is its own) ends
+        apart = leaving and not (resumable(old) and old.step <= old.warmup_steps)
+        carried = global_copy(old) if resumed and leaving else None
+        # a local mode past its warm-up goes on from where the ranks are: torch's averager averages them at its
+        # period, the outer loop's synchronizes against the global copy carried over; one with a global copy to
+        # start and none to carry starts it from the ranks' mean
+        goes_on = resumed and (carried is not None or not hasattr(new, "resume"))
+        if apart and not goes_on:
+            # every rank from the same point: into another local mode the optimizer's state stays each rank's own,
+            # as it is under one; into a synchronous one it is averaged too
+            average_everywhere(params, None if strategy.sync.kind.wraps_optimizer else self._optimizer.optimizer,
+                               self._pg)
+        for p in self.module.parameters():
+            p.grad = None
+        self._install(strategy, state, init_sync=False)
+        if local:
+            self._optimizer.inner = inner
+        if resumed:
+            resume(new, [p for g in self._optimizer.optimizer.param_groups for p in g["params"] if p.requires_grad],
+                   carried)
+            state.iteration = strategy.sync.warmup_steps       # the hook's steps are local from the first
+        object.__setattr__(self, "resumed", resumed)
         return None
 
     def release(self) -> None:
@@ -269,11 +308,13 @@ class SwitchableOptimizer:
         self.inner = optimizer
         self.on_step: list = []
         self.last_step_s = 0.0
+        self.steps = 0          # steps taken through it
 
     def step(self, closure=None):
         t0 = time.perf_counter()
         out = self.inner.step(closure) if closure is not None else self.inner.step()
         self.last_step_s = time.perf_counter() - t0
+        self.steps += 1
         for callback in self.on_step:
             callback()
         return out

@@ -150,6 +150,7 @@ def averager_class():
             self.period, self.warmup_steps, self.fragments = sync.period, sync.warmup_steps, sync.fragments
             self.world = dist.get_world_size(self.process_group)
             self.global_params: list | None = None
+            self.params: list | None = None     # the parameters the global copy stands for (set at its start)
             self.outer: list = []              # one torch SGD per fragment over that fragment's global copy
             self.members: list[list[int]] = []
             self.pending: dict[int, tuple] = {}   # fragment -> (step to apply at, work handle, buffers)
@@ -193,13 +194,16 @@ def averager_class():
                     else:
                         p.copy_(g)
 
-        def _begin(self, params: list, average: bool) -> None:
+        def _begin(self, params: list, average: bool, start: dict | None = None) -> None:
             """The global copy starts from the ranks' parameters: equal at the end of the last bsp warm-up step;
             without a warm-up (``average``) they are averaged first, after the first step, as torch's averager
-            does at its step ``warmup_steps``."""
+            does at its step ``warmup_steps``. ``start``: global tensors to go on from instead, by ``id`` of their
+            parameter (:meth:`resume`)."""
             if average:
                 utils.average_parameters_or_parameter_groups(params, self.process_group)
-            self.global_params = [p.detach().clone().float() for p in params]
+            start = start or {}
+            self.params = list(params)
+            self.global_params = [start[id(p)] if id(p) in start else p.detach().clone().float() for p in params]
             self.members = [list(range(f, len(params), self.fragments)) for f in range(self.fragments)]
             s = self.sync
             self.outer = [torch.optim.SGD([self.global_params[i] for i in idx], lr=s.outer_lr,
@@ -207,7 +211,8 @@ def averager_class():
                           if idx else None for idx in self.members]
 
         def average_parameters(self, params) -> None:
-            plist = list(utils.get_params_to_average(params))
+            # from its start on, the parameters the global copy stands for; before it, those with a gradient
+            plist = self.params if self.params is not None else list(utils.get_params_to_average(params))
             step = self.step
             if step == self.warmup_steps - 1:
                 self._begin(plist, average=False)
@@ -228,6 +233,15 @@ def averager_class():
                         self._finish(plist, f, work, payload)
             self.step += 1
 
+        def resume(self, params: list, global_params: dict | None = None) -> None:
+            """Start past the warm-up, the next synchronization of each fragment a whole schedule away (call ``s``
+            of this averager is ``warmup_steps + 1 + s``): the training before stood for the warm-up. ``params``:
+            the trainable parameters, in the optimizer's order. The global copy goes on from ``global_params`` (an
+            outer loop's, :func:`global_copy`: equal on every rank), or starts from ``params``, which must then be
+            equal on every rank."""
+            self._begin(list(params), average=False, start=global_params)
+            self.step = self.warmup_steps + 1
+
         def drain(self) -> None:
             """Wait for outer all-reduces still in flight (at the end of training)."""
             for _, work, _ in self.pending.values():
@@ -237,4 +251,30 @@ def averager_class():
 
     return OuterAverager
 
+
+def resumable(averager) -> bool:
+    """Whether ``averager`` can start past its warm-up (:func:`resume`): torch's ``PeriodicModelAverager`` (local SGD,
+    selective) and the outer loop's (DiLoCo, a local mode through a codec)."""
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+    return isinstance(averager, PeriodicModelAverager) or callable(getattr(averager, "resume", None))
+
+
+def global_copy(averager) -> dict | None:
+    """The global copy an outer loop's ``averager`` synchronizes against (equal on every rank), by ``id`` of each
+    parameter; None for another averager or before its warm-up ended."""
+    if not callable(getattr(averager, "resume", None)) or averager.global_params is None:
+        return None
+    return {id(p): g for p, g in zip(averager.params, averager.global_params)}
+
+
+def resume(averager, params: list, global_params: dict | None = None) -> None:
+    """Start ``averager`` (:func:`resumable`) past its warm-up, its next averaging a whole period away. torch's
+    ``PeriodicModelAverager`` averages inside its call ``s`` when ``s >= warmup_steps`` and
+    ``(s - warmup_steps) % period == 0``: starting at ``s = warmup_steps + 1`` it averages after ``period`` calls.
+    The outer loop's (``OuterAverager.resume``) also sets its global copy."""
+    if callable(getattr(averager, "resume", None)):
+        averager.resume(params, global_params)
+    else:
+        averager.step = averager.warmup_steps + 1
 

@@ -20,7 +20,8 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    :func:`autosync.apply`'s switcher the local modes too, :mod:`autosync.executor.switch`) trains ``settle +
    window`` steps. A window's figure is the slowest rank's median step time; its spread, the slowest rank's
    interquartile range over that median. A local mode (local SGD, DiLoCo: cheap steps and an averaging step every
-   ``period``) times whole rounds (``window`` rounded up to its period, after its bsp warm-up); its figure counts
+   ``period``) times whole rounds (``window`` rounded up to its period, after its bsp warm-up; one switched to
+   after the training's first steps starts past its warm-up and times from its first step); its figure counts
    the averaging inside the optimizer's step by its mean and the rest of the step by its median (:func:`figure`).
    The clock is the host's: on a GPU, kernels still running when the optimizer's step returns land in the next
    step's time. A candidate's *effective* step time is its median over its
@@ -57,8 +58,9 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    budget applies), and the best commits again; at most ``max_reexplore`` times (default 2) in a training.
 
 Lossless candidates leave the math unchanged, so the parameters after N steps equal plain DDP's to rounding
-whichever candidates ran (``tests/test_online.py``); leaving a local mode averages the ranks' parameters and
-optimizer states (:mod:`autosync.executor.switch`). The API (:func:`autosync.api.auto_tuner`) writes the strategy
+whichever candidates ran (``tests/test_online.py``); leaving a local mode for a synchronous one averages the
+ranks' parameters and optimizer states, and a local mode switched to goes on past its warm-up from where the ranks
+are (DiLoCo from the global copy the last one left; :mod:`autosync.executor.switch`). The API (:func:`autosync.api.auto_tuner`) writes the strategy
 file and appends the windows to a dataset at the commit. Not yet: measuring a lossy candidate's efficiency during
 the training (its online signals: it is predicted), and asp (each rank at its own pace, which windows that end
 on the same step on every rank would undo).
@@ -296,10 +298,10 @@ class OnlineTuner:
         strategy = self.model.strategy
         going = round_of(strategy) == 1
         # every rank knows whether rank 0 is still predicting (``_polling``, from its broadcast decision): the
-        # window's length must be the same on every rank
+        # window's length must be the same on every rank. Nothing to settle: a local mode's rounds go on from the
+        # last window's, which ended on an averaging step
         return Window(strategy, source, self.steps, predicted_speedup=self.current.predicted_speedup,
-                      epoch=self.epoch, settle=0 if going else None,
-                      timed=self.half_window if going and self._polling else None)
+                      epoch=self.epoch, settle=0, timed=self.half_window if going and self._polling else None)
 
     # --- after the commit: drift (collective) ------------------------------------------------------
     def drift_limit_s(self) -> float:
@@ -357,7 +359,7 @@ class OnlineTuner:
                 strategy = Strategy.from_dict(payload["strategy"])
                 if self._switch(strategy) is None:
                     self.current = Window(strategy, "default" if strategy.hash == self.default_hash else "incumbent",
-                                          self.steps, epoch=self.epoch)
+                                          self.steps, epoch=self.epoch, settle=self._switched_settle())
                     self._say(f"{strategy.summary()} trains until the budget allows the next candidate "
                               f"({payload['lost_s']:.2f} s lost of {payload['trained_s']:.1f} s trained)")
                     return
@@ -371,7 +373,8 @@ class OnlineTuner:
             error = self._switch(strategy)
             if error is None:
                 self.current = Window(strategy, "predicted", self.steps, predicted_speedup=payload["predicted"],
-                                      efficiency=payload["efficiency"], epoch=self.epoch)
+                                      efficiency=payload["efficiency"], epoch=self.epoch,
+                                      settle=self._switched_settle())
                 lossy = "" if strategy.is_lossless else \
                     f", LOSSY: efficiency {self._eff_op()} {payload['efficiency']:.2f} predicted"
                 self._say(f"trying {strategy.summary()} (predicted {payload['predicted'] or float('nan'):.2f}x{lossy})")
@@ -380,6 +383,12 @@ class OnlineTuner:
                             predicted_speedup=payload["predicted"], epoch=self.epoch)
             self.windows.append(failed)
             self._say(f"{strategy.summary()} failed to start ({error}); staying on {self.model.strategy.summary()}")
+
+    def _switched_settle(self) -> int | None:
+        """The untimed steps of a window of the strategy just switched to: none for a local mode that started past
+        its warm-up (the switcher's ``resumed``: its steps go on from where the ranks were and its first round
+        starts at once, :mod:`autosync.executor.switch`), else the tuner's for the strategy (None)."""
+        return 0 if getattr(self.model, "resumed", False) else None
 
     def _switch(self, strategy: Strategy) -> str | None:
         """The switcher's ``switch``, timed into ``overhead_parts["switch"]``."""
@@ -565,7 +574,8 @@ class OnlineTuner:
                 why, strategy, step_s = f"{strategy.summary()} failed to start again ({error})", \
                     self.model.strategy, None
             else:
-                self._watch_from = self.steps + self.settle_of(strategy)
+                settle = self._switched_settle()
+                self._watch_from = self.steps + (self.settle_of(strategy) if settle is None else settle)
         self.committed, self.committed_s, self._watch, self._watch_opt, self._drifted = strategy, step_s, [], [], 0
         self.committed_at, self.committed_spread, self.committed_why = self.steps, spread, why
         if self.rank == 0:
