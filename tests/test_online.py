@@ -573,6 +573,20 @@ def test_a_candidate_with_the_traffic_of_one_measured_takes_its_step_time_instea
         (committed, windows)
 
 
+def test_the_candidates_predicted_for_a_live_search_are_different_measurements():
+    """Each of the candidates ``"auto"`` asks for sends in its timed steps what no other does: of strategies that
+    send the same (local modes whose warm-up plans differ, with one rank per host), the best ranked stands for all,
+    so that every window measures something new. With the shipped models on llama-tiny at 1 gbit, two of the 4 best
+    ranked are twins; broken variant, no such rule: 3 different measurements among 4."""
+    from autosync import api
+    from autosync.cluster import parse_cluster
+    from autosync.profiler.measure import nominal_profile
+
+    candidates = api._predict(nominal_profile(parse_cluster("2x1@1gbit"), "llama-tiny"), 4, rule="point")
+    assert len(candidates) == 4
+    assert len({s.steady_traffic_hash(1) for s, *_ in candidates}) == 4, [s.summary() for s, *_ in candidates]
+
+
 def test_the_steady_traffic_of_a_local_mode_leaves_out_its_warm_ups_plans_only_with_one_rank_per_host():
     """Local SGD and DiLoCo steps after the warm-up average only inside the host: with one rank per host two of them
     that differ only in plans, compressors and buckets step alike; with two ranks per host (the host's all-reduce
