@@ -388,6 +388,14 @@ class Strategy:
         cover nothing (a strategy written for another model).
         """
         names = [n for n, p in named_params if getattr(p, "requires_grad", True)]
+        key = (tuple(names), None if embedding_names is None else frozenset(embedding_names))
+        cache = self.__dict__.setdefault("_resolved", {})      # a search resolves each candidate several times
+        if key not in cache:
+            cache.clear()                                       # one model at a time
+            cache[key] = self._resolve(names, embedding_names)
+        return list(cache[key])
+
+    def _resolve(self, names: list[str], embedding_names: set[str] | None) -> list[int]:
         catch_all = next((i for i, g in enumerate(self.groups) if g.is_catch_all), -1)
         owner: list[int] = []
         uncovered: list[str] = []

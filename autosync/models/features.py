@@ -43,6 +43,18 @@ def _default_sim(profile: Profile) -> SimResult:
 
 
 def featurize(profile: Profile, strategy: Strategy, sim: SimResult | None = None) -> dict[str, float]:
+    """The cost model's features of ``strategy`` on ``profile`` (kept on the profile by the strategy's hash: a
+    search asks for a candidate's several times, for its cost and for its efficiency)."""
+    if sim is not None:
+        return _featurize(profile, strategy, sim)
+    memo = profile.__dict__.setdefault("_features", {})
+    key = strategy.hash
+    if key not in memo:
+        memo[key] = _featurize(profile, strategy, None)
+    return dict(memo[key])
+
+
+def _featurize(profile: Profile, strategy: Strategy, sim: SimResult | None) -> dict[str, float]:
     m, c = profile.model, profile.cluster
     params = m.params
     total = max(m.total_bytes, 1)

@@ -13,6 +13,7 @@ its buckets after the first iteration (first bucket capped at 1 MiB).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -35,7 +36,13 @@ class ParamInfo:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * torch.empty(0, dtype=getattr(torch, self.dtype)).element_size()
+        return self.numel * element_size(self.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def element_size(dtype: str) -> int:
+    """Bytes per element of the torch dtype named ``dtype`` ("float32", "bfloat16", ...)."""
+    return torch.empty(0, dtype=getattr(torch, dtype)).element_size()
 
 
 @dataclass

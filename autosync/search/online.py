@@ -6,8 +6,8 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
     default window(s)  ->  network bench + profile  ->  candidate windows  ->  commit (the rest of the training)
                            (rank 0 predicts in a background thread while the default keeps training)
 
-1. **Default window**: the strategy the training starts with (the DDP default) runs ``settle`` steps (DDP builds
-   its buckets at the second) and half a window of timed steps (``window // 2``, at least 4: on a slow network
+1. **Default window**: the strategy the training starts with (the DDP default) runs ``settle`` steps, at most 2
+   (DDP builds its buckets at the second), and half a window of timed steps (``window // 2``, at least 4: on a slow network
    every default step is the one a candidate would most shorten); a
    :class:`~autosync.profiler.observe.StepObserver` records them. At its end every rank runs a few seconds of
    collectives (:func:`network_here`) and rank 0 builds the :class:`~autosync.profiler.Profile` and starts
@@ -199,8 +199,9 @@ class OnlineTuner:
         self.rank = dist.get_rank()
         self.steps = 0
         self.windows: list[Window] = []
-        # the first window: half a window (at least 4 timed steps), enough for the profile and the default's figure
-        self.current = Window(switcher.strategy, "default", 0, timed=self.half_window)
+        # the first window: half a window (at least 4 timed steps), enough for the profile and the default's figure,
+        # after at most 2 settling steps (DDP builds its buckets in the second; the observer times from the third)
+        self.current = Window(switcher.strategy, "default", 0, settle=min(settle, 2), timed=self.half_window)
         # every rank: rank 0's prediction runs and has not answered (each step then asks whether it has, so that
         # the first candidate starts at the step after the answer)
         self._polling = False
