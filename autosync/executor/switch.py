@@ -59,7 +59,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from autosync.executor.apply import _ranks_per_host, tuned_module
 from autosync.executor.hooks import SyncState, autosync_hook
-from autosync.plans.outer import global_copy, resumable, resume
+from autosync.plans.outer import global_copy, has_global_copy, resumable, resume
 from autosync.strategy import Strategy
 from autosync.workloads import embedding_parameter_names
 
@@ -179,7 +179,7 @@ class SwitchableModel(torch.nn.Module):
         # a local mode past its warm-up goes on from where the ranks are: torch's averager averages them at its
         # period, the outer loop's synchronizes against the global copy carried over; one with a global copy to
         # start and none to carry starts it from the ranks' mean
-        goes_on = resumed and (carried is not None or not hasattr(new, "resume"))
+        goes_on = resumed and (carried is not None or not has_global_copy(new))
         if apart and not goes_on:
             # every rank from the same point: into another local mode the optimizer's state stays each rank's own,
             # as it is under one; into a synchronous one it is averaged too

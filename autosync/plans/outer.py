@@ -252,18 +252,23 @@ def averager_class():
     return OuterAverager
 
 
+def has_global_copy(averager) -> bool:
+    """Whether ``averager`` is the outer loop's (it has a global copy and starts late through its own ``resume``)."""
+    return callable(getattr(averager, "resume", None))
+
+
 def resumable(averager) -> bool:
     """Whether ``averager`` can start past its warm-up (:func:`resume`): torch's ``PeriodicModelAverager`` (local SGD,
     selective) and the outer loop's (DiLoCo, a local mode through a codec)."""
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
-    return isinstance(averager, PeriodicModelAverager) or callable(getattr(averager, "resume", None))
+    return isinstance(averager, PeriodicModelAverager) or has_global_copy(averager)
 
 
 def global_copy(averager) -> dict | None:
     """The global copy an outer loop's ``averager`` synchronizes against (equal on every rank), by ``id`` of each
     parameter; None for another averager or before its warm-up ended."""
-    if not callable(getattr(averager, "resume", None)) or averager.global_params is None:
+    if not has_global_copy(averager) or averager.global_params is None:
         return None
     return {id(p): g for p, g in zip(averager.params, averager.global_params)}
 
@@ -273,8 +278,7 @@ def resume(averager, params: list, global_params: dict | None = None) -> None:
     ``PeriodicModelAverager`` averages inside its call ``s`` when ``s >= warmup_steps`` and
     ``(s - warmup_steps) % period == 0``: starting at ``s = warmup_steps + 1`` it averages after ``period`` calls.
     The outer loop's (``OuterAverager.resume``) also sets its global copy."""
-    if callable(getattr(averager, "resume", None)):
+    if has_global_copy(averager):
         averager.resume(params, global_params)
     else:
         averager.step = averager.warmup_steps + 1
-
