@@ -395,6 +395,12 @@ class Strategy:
             cache[key] = self._resolve(names, embedding_names)
         return list(cache[key])
 
+    def __getstate__(self) -> dict:
+        """Pickled (sent to a rank, stored) without :meth:`resolve`'s cache: it belongs to the process's model."""
+        state = dict(self.__dict__)
+        state.pop("_resolved", None)
+        return state
+
     def _resolve(self, names: list[str], embedding_names: set[str] | None) -> list[int]:
         catch_all = next((i for i, g in enumerate(self.groups) if g.is_catch_all), -1)
         owner: list[int] = []

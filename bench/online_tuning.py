@@ -109,7 +109,9 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say, prior=None
                           {"goal": goal, "seeds": args.seeds, "cap": args.cap, "arms": args.arms})
         if args.again and prior is not None and "left_out" not in prior:
             again = _seed_journal(journal, prior, args)
-            row["measured_by"] = f"{stamp()} ({', '.join(again)}); the rest {prior.get('measured_by', 'not recorded')}"
+            kept = arm_provenance(prior)
+            row["arm_measured_by"] = {a: stamp() if a in again else kept.get(a, "not recorded")
+                                      for a in ARMS if a in again or a in prior}
         base, cost_model, eff_model = lowo_models(full, data, wl, 0)
         card = uncertainty.load_card()
         options = {rule: {"cluster": spec, "network": "emulated", "out": None, "data": None, "report": None,
@@ -283,12 +285,30 @@ def table(rows: list[dict], arms) -> list[str]:
                 lines.append(f"| {other} end to end / DDP default (median) | "
                              f"{statistics.median([x(r, other) for r in sel]):.2f}x | {len(sel)} |")
     lines += steps_table([r for r in done if "auto point" in r])
-    by: dict[str, list[str]] = {}
+    lines += ["", "Code that measured each arm (commit, date its trainings were stored), per context:", ""]
     for r in rows:
-        by.setdefault(r.get("measured_by", "not recorded"), []).append(f"{r['workload']} {r['cluster']}")
-    lines += ["", "Code that measured each context (commit, date the row was stored):", "",
-              *(f"- {code}: {', '.join(ctxs)}" for code, ctxs in by.items())]
+        by: dict[str, list[str]] = {}
+        for arm, code in arm_provenance(r).items():
+            by.setdefault(code, []).append(arm)
+        lines.append(f"- {r['workload']} {r['cluster']}: "
+                     + "; ".join(f"{', '.join(arms)}: {code}" for code, arms in by.items()))
     return lines
+
+
+def arm_provenance(row: dict) -> dict[str, str]:
+    """Who measured each arm of ``row`` ("commit, date"), by arm. A row measured in one run has one ``measured_by``;
+    one whose arms were measured again (``--again``) has ``arm_measured_by``, or, stored before it, a
+    ``measured_by`` of the form "X (arms); the rest Y (arms); ...; the rest Z": an arm belongs to the first part
+    that names it, the others to the last."""
+    arms = [a for a in ARMS if a in row]
+    out = dict(row.get("arm_measured_by", {}))
+    parts = row.get("measured_by", "not recorded").split("; the rest ")
+    for part in parts[:-1]:
+        code, _, named = part.partition(" (")
+        for a in named.rstrip(")").split(", "):
+            if a in arms:
+                out.setdefault(a, code)
+    return {a: out.get(a, parts[-1]) for a in arms}
 
 
 def main() -> None:

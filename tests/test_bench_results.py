@@ -79,6 +79,19 @@ def test_a_retrained_arm_is_named_and_only_failed_arms_are_retrained():
     assert ttq.measured_by(row) == "bbbbbbb (best baseline retrained by ccccccc)"
 
 
+def test_each_arm_of_an_online_tuning_row_names_the_code_that_measured_it():
+    import online_tuning as ot
+
+    row = {"DDP default": {}, "auto point": {}, "tune m0": {}, "auto": {},
+           "measured_by": "c, 2026-12-06 20:05 UTC (auto point); the rest b, 2026-12-06 18:25 UTC (DDP default, "
+                          "auto point, tune m0); the rest a, 2026-12-06 11:04 UTC"}
+    assert ot.arm_provenance(row) == {"DDP default": "b, 2026-12-06 18:25 UTC", "auto": "a, 2026-12-06 11:04 UTC",
+                                      "auto point": "c, 2026-12-06 20:05 UTC", "tune m0": "b, 2026-12-06 18:25 UTC"}
+    assert set(ot.arm_provenance({"DDP default": {}, "measured_by": "a, d"}).values()) == {"a, d"}
+    row["arm_measured_by"] = {"auto point": "d, 2026-12-07 09:00 UTC"}
+    assert ot.arm_provenance(row)["auto point"] == "d, 2026-12-07 09:00 UTC"
+
+
 def test_the_readmes_results_table_is_what_bench_summary_writes():
     """README's figures come from the result files: re-run a benchmark, then `python bench/summary.py --readme
     README.md`. Every file the table quotes opens with its command, commit and date."""
