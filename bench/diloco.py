@@ -12,7 +12,9 @@ Per (workload, cluster) context, on one emulated cluster and one kept-alive rank
   streaming_diloco   the same period in two staggered fragments, each overlapping one inner step, mixed half and
                      half, pseudo-gradients as 4-bit floats
   tune m8            (with ``--tune``) `tune --measure 8` by time to loss, its models fitted to ``--data`` less the
-                     workload under test; its search time is reported beside its training time
+                     workload under test; its search time is reported beside its training time. The efficiencies
+                     its searches measure are kept in ``--work``/efficiency-tune, as a user's store keeps them:
+                     a workload's later contexts with the same number of ranks reuse them, so its first pays most
 
 Every arm first runs one throughput trial on the cluster (samples/s and bytes sent per step and rank, measured at
 the hosts' interfaces), then trains with the efficiency protocol's recipe (Adam at the workload's learning rate)
