@@ -221,6 +221,10 @@ def table(rows: list[dict]) -> list[str]:
                     wins += 1
             lines.append(f"| tune m8 / the best baseline of its context (training only) | "
                          f"{statistics.median(ratios):.2f}x | {wins} | {len(sel)} |")
+        lines += ["", "Code that measured each context (commit, date its row was stored):", "",
+                  *(f"- {r['workload']} {r['cluster']}: {r.get('measured_by', 'not recorded')}"
+                    + (f"; tune m8 picked `{r['tune m8 source']}`" if r.get("tune m8 source") else "")
+                    for r in done)]
     return lines
 
 
