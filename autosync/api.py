@@ -832,10 +832,10 @@ def job_cluster(pool, known: list[Cluster] = ()) -> Cluster:
     (:func:`autosync.profiler.measure.profile_network`, a few seconds) and labelled as :func:`_job_cluster` says
     (``known``: the labels earlier runs of the job used)."""
     from autosync.profiler.measure import profile_network
-    from autosync.profiler.observe import LIVE_SIZES
+    from autosync.profiler.observe import LIVE_MAX_OP_S, LIVE_SIZES
 
     # the short sweep strategy="auto" runs live: only the link's rung on the ladder is read from it
-    network = profile_network(pool, sizes=LIVE_SIZES, max_op_s=0.1, ahead=True)
+    network = profile_network(pool, sizes=LIVE_SIZES, max_op_s=LIVE_MAX_OP_S, ahead=True)
     return _job_cluster(network, pool.world_size, pool.ranks_per_host, known)
 
 

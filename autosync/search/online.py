@@ -9,7 +9,7 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
 1. **Default window**: the strategy the training starts with (the DDP default) runs ``settle`` steps, at most 2
    (DDP builds its buckets at the second), and half a window of timed steps (``window // 2``, at least 4: on a slow network
    every default step is the one a candidate would most shorten); a
-   :class:`~autosync.profiler.observe.StepObserver` records them. At its end every rank runs a few seconds of
+   :class:`~autosync.profiler.observe.StepObserver` records them. At its end every rank runs a short sweep of
    collectives (:func:`network_here`) and rank 0 builds the :class:`~autosync.profiler.Profile` and starts
    ``propose(profile)`` in a thread. Until it answers, the default keeps training (in windows of half the size,
    for at most ``max_wait_s``), and after each of its steps every rank learns from rank 0 (one one-number
@@ -43,7 +43,7 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    loss is at most ``budget`` (default 5%) of the training time observed so far; otherwise the incumbent trains
    on until the training has grown enough to pay for it. A winning candidate costs nothing, a lossless one that
    loses by 3% costs 3% of its window, and a candidate slower than the incumbent beyond noise is dropped after its
-   one window. The one-time profiling (the network's few seconds of collectives) is not part of the budget; it
+   one window. The one-time profiling (the network's short sweep of collectives) is not part of the budget; it
    is reported as ``overhead_s`` with the switches and decisions.
 4. **Commit**: the fastest measured (the default unless something beat it), for the rest of the training.
    ``on_commit(strategy, windows)`` runs on rank 0 (the API writes the strategy file there). A training that ends
