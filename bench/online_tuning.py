@@ -32,6 +32,7 @@ training of a context in progress is kept in its journal (bench/_results.Journal
 
     python bench/online_tuning.py [--workloads ...] [--clusters ...] [--arms ...] [--seeds 1 2]
     python bench/online_tuning.py --again auto "auto point"     # those arms again, the rest kept from the rows
+                                                                # (resumes: skips contexts this commit measured)
     python bench/online_tuning.py --table-only
 """
 import argparse
@@ -54,7 +55,7 @@ from autosync.search.config import TuneConfig
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
 from _online import measure_auto_curve, predict_without
-from _results import (RESULTS, check_inputs, Journal, finished_rows, load_rows, run_contexts, say, show_done, stamp,
+from _results import (RESULTS, check_inputs, commit, Journal, finished_rows, load_rows, run_contexts, say, show_done, stamp,
                       speedup_bars, write as write_result)
 from diloco import train_to
 from time_to_quality import lowo_models
@@ -341,7 +342,11 @@ def main() -> None:
         data = DatasetStore(args.data, create=False)
         full = training.build(data)
 
-        done = set() if args.again else set(load_rows(work))
+        # with --again, a context is done once the checkout's code measured every arm named (an interrupted run
+        # resumes); without, once it has a row
+        code = commit()
+        done = {k for k, r in load_rows(work).items()
+                if not args.again or all(arm_provenance(r).get(a, "").startswith(code + ",") for a in args.again)}
         rows = run_contexts(args, work, done,
                             lambda pool, cluster, spec, wl, prior: run_context(pool, cluster, spec, wl, args, data,
                                                                                full, work, say, prior), show_done)

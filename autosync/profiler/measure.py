@@ -192,17 +192,19 @@ def _run_op(op: str, nbytes: int, group, group_ranks: list[int], me: int, peer: 
     raise ValueError(op)
 
 
-def _sweep(group, group_ranks: list[int], me: int, peer: int | None, sizes, max_op_s: float,
+def _sweep(group, group_ranks: list[int], me: int, peer: int | None, sizes, max_op_s: float | dict[str, float],
            reps: int, device: str = "cpu", ahead: bool = False) -> dict[str, list[tuple[int, float]]]:
-    """Each collective over growing ``sizes`` until one is slower than ``max_op_s``; with ``ahead``, until the next
-    size would be (the last time scaled by the sizes' ratio), once three sizes are in: the live bench's rule, which
-    keeps a slow link from paying for its largest size four times (warm-up and repetitions)."""
+    """Each collective over growing ``sizes`` until one is slower than ``max_op_s`` (one limit, or one per
+    collective); with ``ahead``, until the next size would be (the last time scaled by the sizes' ratio), once three
+    sizes are in: the live bench's rule, which keeps a slow link from paying for its largest size four times
+    (warm-up and repetitions)."""
     import torch.distributed as dist
 
     from autosync.executor.device import now, reduce_values
 
     out: dict[str, list[tuple[int, float]]] = {}
     for op in COLLECTIVES:
+        limit = max_op_s[op] if isinstance(max_op_s, dict) else max_op_s
         points = []
         for i, nbytes in enumerate(sizes):
             fn = _run_op(op, nbytes, group, group_ranks, me, peer, device)
@@ -216,15 +218,15 @@ def _sweep(group, group_ranks: list[int], me: int, peer: int | None, sizes, max_
             worst = reduce_values([statistics.median(times)], "max", device, group=group)[0]
             seconds = worst / (2 if op == "send_recv" else 1)
             points.append((nbytes, seconds))
-            if worst > max_op_s:
+            if worst > limit:
                 break
-            if ahead and len(points) >= 3 and i + 1 < len(sizes) and worst * sizes[i + 1] / nbytes > max_op_s:
+            if ahead and len(points) >= 3 and i + 1 < len(sizes) and worst * sizes[i + 1] / nbytes > limit:
                 break
         out[op] = points
     return out
 
 
-def _bench_task(ctx: RankContext, sizes, max_op_s: float, reps: int, ahead: bool = False) -> dict:
+def _bench_task(ctx: RankContext, sizes, max_op_s: float | dict[str, float], reps: int, ahead: bool = False) -> dict:
     import torch.distributed as dist
 
     rph, world = ctx.ranks_per_host, ctx.world_size
@@ -272,7 +274,7 @@ def all_reduce_seconds(ctx: RankContext, nbytes: int, reps: int) -> float:
     return worst.item()
 
 
-def profile_network(pool: RankPool, sizes=SIZES, max_op_s: float = 0.3, reps: int = 3,
+def profile_network(pool: RankPool, sizes=SIZES, max_op_s: float | dict[str, float] = 0.3, reps: int = 3,
                     timeout: float = 600.0, ahead: bool = False) -> NetworkProfile:
     """Benchmark the pool's process group and fit alpha/beta per scope and collective.
 

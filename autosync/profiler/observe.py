@@ -27,13 +27,14 @@ import torch.distributed as dist
 
 from autosync.executor.memory import peak_rss_mb
 from autosync.profiler.model import ModelProfile, ParamInfo
-from autosync.profiler.network import Fit, NetworkProfile
+from autosync.profiler.network import COLLECTIVES, Fit, NetworkProfile
 
 #: the network bench of a live training: sizes up to 4 MiB, none predicted slower than 0.1 s (a few seconds in all)
 LIVE_SIZES = tuple(4096 * 4 ** i for i in range(6))
-#: a live sweep stops before the first size predicted slower than this: 0.6-0.8 s for the whole bench on the emulated
-#: clusters of bench/results/live_network.md, its fits as close to measured all-reduces as a 0.1 s limit's (3x longer)
-LIVE_MAX_OP_S = 0.025
+#: a live sweep stops before the first size predicted slower than this, by collective: all-reduce, whose large sizes
+#: DDP's buckets and the local modes' averaging send, at 0.1 s; the others at 25 ms. bench/results/live_network.md
+#: compares it with one limit for all
+LIVE_MAX_OP_S = {op: 0.1 if op == "all_reduce" else 0.025 for op in COLLECTIVES}
 
 
 class StepObserver:
@@ -143,7 +144,7 @@ class StepObserver:
                             extra={"observed_steps": len(self.fwd)})
 
 
-def network_here(ranks_per_host: int, device: str = "cpu", sizes=LIVE_SIZES, max_op_s: float = LIVE_MAX_OP_S,
+def network_here(ranks_per_host: int, device: str = "cpu", sizes=LIVE_SIZES, max_op_s: float | dict[str, float] = LIVE_MAX_OP_S,
                  reps: int = 3) -> NetworkProfile:
     """Collective: the network micro-benchmarks of :func:`~autosync.profiler.measure.profile_network`, run on the
     default process group by every rank at once; every rank gets rank 0's fits. Each sweep stops before a size
