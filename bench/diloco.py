@@ -173,7 +173,8 @@ def table(rows: list[dict]) -> list[str]:
              "Median time to L* over the timed seeds (+- half the spread), and in parentheses the DDP default's median "
              "over it; 'never': some seed did not reach L* within the cap. MB = megabytes one rank sent to other "
              "hosts per step (measured at the emulated hosts' interfaces, one throughput trial); tune m8's search time "
-             "is beside its training time, not in it.", "",
+             "is beside its training time, not in it. In the comparisons below, an arm that never reached L* counts as "
+             "0x (the lowest ratio: a median falls on it only when half the contexts never reached L*).", "",
              "| workload | cluster | " + " | ".join(arms) + " |", "|---|---|" + "---:|" * len(arms)]
     for r in rows:
         if "left_out" in r:

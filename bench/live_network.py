@@ -59,9 +59,12 @@ def main() -> None:
         base = statistics.median(took["ahead 0.1"])
         for rule in RULES:
             t = statistics.median(took[rule])
-            fits = " | ".join(f"{statistics.median(predicted[rule, p]) / measured[p]:.2f}" for p in PROBES)
+            fits = " | ".join(f"{statistics.median(predicted[rule, p]) / measured[p]:.2f} "
+                              f"({min(predicted[rule, p]) / measured[p]:.2f}-{max(predicted[rule, p]) / measured[p]:.2f})"
+                              for p in PROBES)
             rows.append(f"| {spec} | {rule} | {t:.2f} s | {base / t:.1f}x | {fits} |")
-        rows.append(f"| {spec} | measured | | | " + " | ".join(f"{measured[p] * 1e3:.1f} ms" for p in PROBES) + " |")
+        rows.append(f"| {spec} | measured all-reduce | | | " + " | ".join(f"{measured[p] * 1e3:.1f} ms" for p in PROBES)
+                    + " |")
     lines = ["# The live network bench: three sweep rules side by side",
              "",
              f"Medians of {args.rounds} interleaved rounds per emulated cluster (one rank pool each). Each "
@@ -69,7 +72,7 @@ def main() -> None:
              "\"ahead\" of the first size predicted slower (the last time times the sizes' ratio). `strategy=\"auto\"` "
              "and `tune --in-job` run \"ahead 0.1 / 0.025\" (all-reduce's sweep at 0.1 s, the other collectives' "
              "at 25 ms). Speed: \"ahead 0.1\"'s time over the rule's. Fit / measured: the rule's alpha-beta fit of an all-reduce over the measured one (median of 5, the "
-             "slowest rank; the measured times in each cluster's last row).",
+             "slowest rank; the measured times in each cluster's last row), the rounds' range in parentheses.",
              "",
              "| cluster | rule | bench | speed vs ahead 0.1 | fit / measured, 256 KiB | fit / measured, 8 MiB |",
              "|---|---|---:|---:|---:|---:|", *rows]

@@ -148,6 +148,9 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say, prior=None
                                                            train_to(pool, wl, batch, Strategy.from_dict(k["strategy"]),
                                                                     goal, meter, sd, cap))
     journal.close()
+    if args.again and prior is not None and "left_out" not in prior:
+        for arm in (a for a in ARMS if a in prior and a not in row):   # arms not in --arms: kept as they were
+            row[arm] = prior[arm]
     return row
 
 
