@@ -58,3 +58,40 @@ def measure_auto_curve(pool, spec: CurveSpec, options: dict, timeout: float) -> 
     raw = pool.run(train_auto_curve, spec, options, timeout=timeout)[0]
     return Curve(raw["steps"], raw["eval_loss"], raw["train_loss"], raw["signals"], raw["wall_s"],
                  raw["train_s"]), raw["auto"]
+
+
+class ScheduledCurveRun(_CurveRun):
+    """The curve run trained through the switcher ``strategy="auto"`` uses (:class:`~autosync.executor.switch.
+    SwitchableModel`), switched at fixed steps instead of by a tuner: ``schedule`` = [(steps taken, strategy as a
+    canonical dict), ...], each switch made after that many optimizer steps, on every rank."""
+
+    def __init__(self, ctx, spec: CurveSpec, schedule: list):
+        from autosync.strategy import Strategy
+
+        self.schedule = {int(s): Strategy.from_dict(d) for s, d in schedule}
+        self.ranks_per_host = ctx.ranks_per_host
+        super().__init__(ctx, spec)
+
+    def wrap(self, optimizer):
+        from autosync.executor.switch import SwitchableModel, SwitchableOptimizer
+        from autosync.strategy import Strategy
+
+        model = SwitchableModel(self.model, Strategy.default(), ranks_per_host=self.ranks_per_host)
+        opt = SwitchableOptimizer(optimizer)
+        model.bind(opt)
+
+        def after_step():
+            strategy = self.schedule.get(opt.steps)
+            if strategy is not None:
+                error = model.switch(strategy)
+                if error:
+                    raise RuntimeError(f"switch to {strategy.summary()} at step {opt.steps}: {error}")
+        opt.on_step.append(after_step)
+        return model, opt
+
+    def release(self) -> None:
+        self.ddp.release()
+
+
+def train_scheduled_curve(ctx, spec: CurveSpec, schedule: list) -> dict:
+    return ScheduledCurveRun(ctx, spec, schedule).run()

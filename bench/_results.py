@@ -126,6 +126,19 @@ class Journal:
         self.path.unlink(missing_ok=True)
 
 
+def measured_by(row: dict) -> str:
+    """The commit(s) whose code measured a context: its row's, then those of the steps a stopped run took
+    (``resumed_by``); a context resumed before the journal kept them says its earlier steps' commit is unknown."""
+    code = row.get("measured_by", "not recorded, ").split(",")[0]
+    earlier = [c.split(",")[0] for c in row.get("resumed_by", {}).values()]
+    if row.get("resumed_after") and "resumed_by" not in row:
+        earlier = ["not recorded"]
+    earlier = [c if c != "not recorded" else "an unrecorded commit" for c in dict.fromkeys(earlier) if c != code]
+    notes = [f"resumed after steps by {' and '.join(earlier)}"] if earlier else []
+    notes += [f"{arm} retrained by {v['by'].split(',')[0]}" for arm, v in row.get("retrained", {}).items()]
+    return f"{code} ({'; '.join(notes)})" if notes else code
+
+
 def check_inputs(ap, args) -> Path:
     """Before any long work: every ``--clusters`` spec parses and ``--data`` is a dataset folder (else one line
     and exit status 2, by ``ap.error``); returns ``--work``, created."""

@@ -47,8 +47,8 @@ from autosync.executor.launch import TrialFailure
 from autosync.search.baselines import baselines
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.strategy import Strategy
-from _results import (RESULTS, check_inputs, Journal, finished_rows, load_rows, run_contexts, say, show_done,
-                      speedup_bars, write as write_result)
+from _results import (RESULTS, check_inputs, Journal, finished_rows, load_rows, measured_by, run_contexts, say,
+                      show_done, speedup_bars, write as write_result)
 
 WORKLOADS = ["gpt2-tiny", "llama-tiny", "t5-tiny", "lstm-lm", "resnet-tiny"]
 CLUSTERS = ["2x1@100mbit", "3x1@200mbit", "4x1@100mbit"]
@@ -122,6 +122,8 @@ def run_context(pool, cluster, spec, wl, args, data, work, settings, say):
                 say(f"{wl} {spec}: training {arm} from seed {seed} to L* = {goal:.4f}")
                 row[arm]["runs"][str(seed)] = journal.step(f"train {arm} seed {seed}", lambda s=strategy, sd=seed:
                                                            train_to(pool, wl, batch, s, goal, meter, sd, cap))
+    if journal.resumed:
+        row["resumed_by"] = journal.resumed_by()    # the steps a stopped run took, each with who ran it
     journal.close()
     return row
 
@@ -165,6 +167,11 @@ def _fmt(arm: dict | None, default: dict) -> str:
         return "never" if not any(r.get("failed") for r in arm["runs"].values()) else "FAILED"
     x = f" ({d / t:.2f}x)" if d else ""
     return f"{t:.0f} s +-{spread / 2:.0%}{x}"
+
+
+def _date(row: dict) -> str:
+    """The date a context's row was stored (from its ``measured_by``: "commit, date")."""
+    return row.get("measured_by", "not recorded").rpartition(", ")[2]
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -223,7 +230,7 @@ def table(rows: list[dict]) -> list[str]:
             lines.append(f"| tune m8 / the best baseline of its context (training only) | "
                          f"{statistics.median(ratios):.2f}x | {wins} | {len(sel)} |")
         lines += ["", "Code that measured each context (commit, date its row was stored):", "",
-                  *(f"- {r['workload']} {r['cluster']}: {r.get('measured_by', 'not recorded')}"
+                  *(f"- {r['workload']} {r['cluster']}: {measured_by(r)}, {_date(r)}"
                     + (f"; tune m8 picked `{r['tune m8 source']}`" if r.get("tune m8 source") else "")
                     for r in done)]
     return lines

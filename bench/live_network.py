@@ -1,5 +1,5 @@
 """The live network bench of ``strategy="auto"`` and ``tune --in-job``: how long it takes and how well its fits
-predict, for three sweep rules side by side.
+predict, for four sweep rules side by side.
 
 A training pays for every second of this bench. Each collective's sweep runs over the live sizes (4 KiB .. 4 MiB,
 x4 each) and stops
@@ -65,7 +65,7 @@ def main() -> None:
             rows.append(f"| {spec} | {rule} | {t:.2f} s | {base / t:.1f}x | {fits} |")
         rows.append(f"| {spec} | measured all-reduce | | | " + " | ".join(f"{measured[p] * 1e3:.1f} ms" for p in PROBES)
                     + " |")
-    lines = ["# The live network bench: three sweep rules side by side",
+    lines = ["# The live network bench: four sweep rules side by side",
              "",
              f"Medians of {args.rounds} interleaved rounds per emulated cluster (one rank pool each). Each "
              "collective's sweep over 4 KiB .. 4 MiB stops \"after\" the first size slower than the limit, or "

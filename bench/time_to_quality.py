@@ -76,7 +76,8 @@ from autosync.search.decide import confirm, settle_efficiency
 from autosync.search.result import Measured
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
-from _results import RESULTS, check_inputs, Journal, _now, commit, load_rows, run_contexts, speedup_bars, write as write_result
+from _results import (RESULTS, check_inputs, Journal, _now, commit, load_rows, measured_by, run_contexts, speedup_bars,
+                      write as write_result)
 from time_to_loss import fmt_time, time_to_target
 
 ARMS = ("DDP default", "best baseline", "Optuna alone", "tune m0", "tune m8")
@@ -355,19 +356,6 @@ def table(rows, args):
               "had failed):", "",
               *(f"- {code}: {', '.join(ctxs)}" for code, ctxs in by.items())]
     return lines
-
-
-def measured_by(row: dict) -> str:
-    """The commit(s) whose code measured a context: its row's, then those of the steps a stopped run took
-    (``resumed_by``); a context resumed before the journal kept them says its earlier steps' commit is unknown."""
-    code = row.get("measured_by", "not recorded, ").split(",")[0]
-    earlier = [c.split(",")[0] for c in row.get("resumed_by", {}).values()]
-    if row.get("resumed_after") and "resumed_by" not in row:
-        earlier = ["not recorded"]
-    earlier = [c if c != "not recorded" else "an unrecorded commit" for c in dict.fromkeys(earlier) if c != code]
-    notes = [f"resumed after steps by {' and '.join(earlier)}"] if earlier else []
-    notes += [f"{arm} retrained by {v['by'].split(',')[0]}" for arm, v in row.get("retrained", {}).items()]
-    return f"{code} ({'; '.join(notes)})" if notes else code
 
 
 def measure(args, work: Path) -> list[dict]:
