@@ -15,6 +15,8 @@ reaches L* (the DDP default's reference curves' loss at 3/4 of the efficiency ho
   local_sgd_8 @A          local SGD (period 8) from step A on (committed)
   diloco m0.9 @A          DiLoCo period 16, outer lr 1, Nesterov momentum 0.9, 4 fragments, from step A on
   diloco m0 @A            the same with no outer momentum
+  ddp_1mb @A+N            a lossless switch (DDP with 1 MB buckets) for N steps from step A, then the default again:
+                          what a change of rounding alone does to the trajectory
 
 Figures: steps to L* per seed ("never": not within twice the horizon) and the lowest smoothed held-out loss reached;
 every curve (held-out and training loss) in the result file's .json.
@@ -37,6 +39,7 @@ from _online import train_scheduled_curve
 from _results import RESULTS, say, write as write_result
 
 LOCAL = {"sync": {"mode": "local_sgd", "period": 8, "warmup_steps": 2}}
+LOSSLESS = {"fusion": {"bucket_cap_mb": 1}}
 DILOCO = {"sync": {"mode": "diloco", "period": 16, "outer_lr": 1.0, "outer_momentum": 0.9, "nesterov": True,
                    "warmup_steps": 2, "fragments": 4, "delay": 0, "mix": 0.0}}
 
@@ -49,12 +52,16 @@ def schedule(arm: str) -> list[tuple[int, dict]]:
     default = Strategy.default().canonical()
     if arm == "DDP default":
         return []
-    m = re.fullmatch(r"(local_sgd_8|diloco m0\.9|diloco m0) @(\d+)(\+(\d+))?", arm)
+    m = re.fullmatch(r"(local_sgd_8|diloco m0\.9|diloco m0|ddp_1mb) @(\d+)(\+(\d+))?", arm)
     if not m:
         raise ValueError(f"unknown arm {arm!r}")
     kind, at, length = m.group(1), int(m.group(2)), m.group(4)
-    raw = LOCAL if kind == "local_sgd_8" else dict(DILOCO, sync=dict(DILOCO["sync"],
-                                                                     outer_momentum=0.0 if kind == "diloco m0" else 0.9))
+    if kind == "ddp_1mb":
+        raw = LOSSLESS
+    elif kind == "local_sgd_8":
+        raw = LOCAL
+    else:
+        raw = dict(DILOCO, sync=dict(DILOCO["sync"], outer_momentum=0.0 if kind == "diloco m0" else 0.9))
     out = [(at, Strategy.from_dict(raw).canonical())]
     if length:
         out.append((at + int(length), default))
