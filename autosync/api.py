@@ -585,6 +585,7 @@ class AutoOptions:
     settle: int = 3
     candidates: int = 4
     budget: float = 0.05
+    lossy_after: int = 0
     objective: str = "time-to-loss"
     zero_shot: str = "point"
     data: str | Path | None = "autosync-data"
@@ -607,6 +608,9 @@ class AutoOptions:
         if not 0 < options.get("budget", cls.budget) <= 1:
             raise UserError(f'strategy="auto": budget is a share of the training time in (0, 1], '
                             f'not {options["budget"]!r}')
+        lossy_after = options.get("lossy_after", cls.lossy_after)
+        if isinstance(lossy_after, bool) or not isinstance(lossy_after, int) or lossy_after < 0:
+            raise UserError(f'strategy="auto": lossy_after is a step count (an integer >= 0), not {lossy_after!r}')
         return cls(**options)
 
 
@@ -655,7 +659,7 @@ def auto_tuner(switcher, optimizer, options: AutoOptions, ranks_per_host: int | 
                        budget=options.budget,
                        ranks_per_host=rph, cluster=spec or (lambda net: _job_cluster(net, world, rph)), env=env,
                        name=type(switcher.module).__name__, on_commit=commit, report=options.report,
-                       efficiency_rule=options.zero_shot)
+                       efficiency_rule=options.zero_shot, lossy_after=options.lossy_after)
 
 
 def auto(model, optimizer, process_group=None, ranks_per_host: int | None = None, **options):
@@ -673,7 +677,9 @@ def auto(model, optimizer, process_group=None, ranks_per_host: int | None = None
     emulated cluster: with ``network="emulated"``), by default the shape from the job (``$LOCAL_WORLD_SIZE`` ranks
     per host) and the links from the measured network; ``window`` and ``settle``, timed and untimed steps of a
     window; ``candidates``; ``budget``, the share of the training time candidates may lose against the best so
-    far (:mod:`autosync.search.online`); ``objective``, as ``tune``'s: ``"time-to-loss"`` (default: lossy
+    far (:mod:`autosync.search.online`); ``lossy_after``, the first step at which a lossy candidate may train
+    a window (default 0; a lossy stretch early in a training can cost far more than its window:
+    bench/results/lossy_window_early.md); ``objective``, as ``tune``'s: ``"time-to-loss"`` (default: lossy
     candidates admitted by their goodput at their predicted efficiency), ``"throughput"`` or ``"lossless"``;
     ``zero_shot``, ``"point"`` (default, as ``tune``'s) or ``"lower"``: a lossy candidate judged at its predicted
     efficiency's point estimate or at its interval's lower bound (as ``tune --measure 0 --zero-shot``;

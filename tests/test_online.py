@@ -59,7 +59,7 @@ def slow_down(rank: int, step: int, slow_from: int, tuner) -> None:
 
 
 def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False, budget: float = 1.0,
-           slow_from: int | None = None, drift: float = 100.0, efficiencies=None):
+           slow_from: int | None = None, drift: float = 100.0, efficiencies=None, lossy_after: int = 0):
     """Train mlp ``steps`` steps (each rank its own batches) by the DDP default, or by an online tuner that tries
     ``candidates``; the parameters, and (auto) the strategy after each step and rank 0's windows. ``drift``: off
     unless given (a busy machine's noise must not open the search again in a test of something else).
@@ -92,7 +92,7 @@ def _train(ctx, candidates, steps: int, auto: bool, faulty: bool = False, budget
         tuner = OnlineTuner(m, opt, lambda profile: [(Strategy.from_dict(c), None, e) for c, e in zip(candidates, effs)],
                             window=4,
                             settle=1, budget=budget, drift=drift, ranks_per_host=ctx.ranks_per_host,
-                            cluster=parse_cluster("2x1@1gbit"), env=environment("unshaped"))
+                            cluster=parse_cluster("2x1@1gbit"), env=environment("unshaped"), lossy_after=lossy_after)
         o.on_step.append(tuner.after_step)
         o.on_step.append(lambda: trace.append(m.strategy.hash))     # after the tuner's own callback
         if slow_from is not None:    # rank 1's host slows down: every step from then on waits longer
@@ -542,6 +542,34 @@ def test_a_local_modes_window_times_whole_rounds_and_counts_the_averaging_but_no
     diloco = Strategy.from_dict({"sync": {"mode": "diloco", "period": 8, "warmup_steps": 4}})
     assert window_steps(diloco, 6, 2) == (5, 8)
     assert window_steps(Strategy.default(), 6, 2) == (2, 6)
+
+
+def test_a_young_training_tries_its_lossless_candidates_first_and_no_lossy_one_before_lossy_after():
+    """With ``lossy_after`` 24, a lossy candidate proposed first waits: the lossless one trains its window first, and
+    the lossy one's window starts at step 24 or later, on both ranks at the same step. Broken variant: the rule
+    ignored (the lossy candidate, first in the queue, goes first, at about step 6)."""
+    lossy = {"sync": {"mode": "local_sgd", "period": 4, "warmup_steps": 0}}
+    lossless = {"fusion": {"bucket_cap_mb": 1}}
+    with RankPool(2, ranks_per_host=1) as pool:
+        (_, trace, windows, _), (_, trace1, _, _) = pool.run(_train, [lossy, lossless], 60, True, False, 1.0, None,
+                                                             100.0, [0.9, 1.0], 24)
+    windows.pop()
+    assert trace == trace1
+    tried = [w for w in windows if w["source"] == "predicted"]
+    assert [w["hash"] for w in tried] == [Strategy.from_dict(lossless).hash, Strategy.from_dict(lossy).hash], tried
+    assert tried[0]["first_step"] < 24 <= tried[1]["first_step"], windows
+    first_lossy = trace.index(Strategy.from_dict(lossy).hash)      # the strategy after each step: switched after
+    assert first_lossy + 1 >= 24, (first_lossy, windows)           # step first_lossy, trained from the next one
+
+
+def test_auto_options_check_lossy_after():
+    from autosync.api import AutoOptions
+    from autosync.errors import UserError
+
+    assert AutoOptions.build(lossy_after=24).lossy_after == 24 and AutoOptions.build().lossy_after == 0
+    for bad in (-1, 2.5, True, "24"):
+        with pytest.raises(UserError, match="lossy_after is a step count"):
+            AutoOptions.build(lossy_after=bad)
 
 
 def test_a_candidate_with_the_traffic_of_one_measured_takes_its_step_time_instead_of_a_window():

@@ -45,6 +45,11 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    loses by 3% costs 3% of its window, and a candidate slower than the incumbent beyond noise is dropped after its
    one window. The one-time profiling (the network's short sweep of collectives) is not part of the budget; it
    is reported as ``overhead_s`` with the switches and decisions.
+   **Young trainings** (``lossy_after``, default 0: off): a lossy candidate's window starts no earlier than that
+   step of the training; before it, the lossless candidates are tried and the best so far trains on. A lossy stretch
+   near a training's start can cost far more than its window: on vit-tiny one 8-step local SGD window at step 8,
+   then DDP again, did not reach L* in 480 steps (seed 1; seed 2 took more than twice the default's steps), while
+   the same window at step 24 did in both seeds (bench/results/lossy_window*.md): post-local SGD's rule.
 4. **Commit**: the fastest measured (the default unless something beat it), for the rest of the training.
    ``on_commit(strategy, windows)`` runs on rank 0 (the API writes the strategy file there). A training that ends
    during the search commits what it measured so far (:meth:`OnlineTuner.finish`, called by ``release`` and the
@@ -173,12 +178,15 @@ class OnlineTuner:
                  settle: int = 3, max_candidates: int = 4, budget: float = 0.05, max_wait_s: float = 600.0,
                  drift: float = 0.25, max_reexplore: int = 2, ranks_per_host: int = 1, cluster=None,
                  env: dict | None = None, name: str = "model", on_commit=None, report=None,
-                 efficiency_rule: str = "lower"):
+                 efficiency_rule: str = "lower", lossy_after: int = 0):
         if window < 4:
             raise ValueError("window must be at least 4 steps (a median and a spread)")
         if not 0 < budget <= 1:
             raise ValueError("budget must be a share of the training time in (0, 1]")
+        if lossy_after < 0:
+            raise ValueError("lossy_after must be a step count (>= 0)")
         self.budget, self.drift, self.max_reexplore = budget, drift, max_reexplore
+        self.lossy_after = lossy_after      # no lossy candidate's window starts before this step
         self.trained_s = 0.0         # the training steps' time observed so far (this rank)
         self.epoch = 0               # times the search opened again after a drift
         self.committed_s: float | None = None   # the committed strategy's step time when committed (rank 0's figure)
@@ -357,6 +365,8 @@ class OnlineTuner:
             if kind == "stay":
                 self.current = self._going_on(self.current.source if self.current.source != "predicted"
                                               else "incumbent")
+                if isinstance(payload, int) and not isinstance(payload, bool) and round_of(self.current.strategy) == 1:
+                    self.current.timed = max(self.half_window, payload - self.steps)   # young: ends at lossy_after
                 return
             if kind == "incumbent":
                 strategy = Strategy.from_dict(payload["strategy"])
@@ -523,12 +533,14 @@ class OnlineTuner:
         best_s, best = min(figures.values(), key=lambda t: t[0])
         if self.queue:
             lost = self.lost_s()
-            if lost <= self.budget * self.trained_s:
-                strategy, predicted, efficiency = self.queue.pop(0)
+            ready = self._ready()
+            if lost <= self.budget * self.trained_s and ready is not None:
+                strategy, predicted, efficiency = self.queue.pop(ready)
                 return "try", {"strategy": strategy.canonical(), "predicted": predicted, "efficiency": efficiency}
             if best.hash != self.model.strategy.hash:
                 return "incumbent", {"strategy": best.canonical(), "lost_s": lost, "trained_s": self.trained_s}
-            return "stay", None
+            # only lossy candidates left and the training still young: the strategy training now goes on until then
+            return "stay", None if ready is not None else self.lossy_after
         if best.hash == self.default_hash or best_s >= default.median_s:
             return "commit", {"strategy": default.strategy.canonical(), "why": "nothing beat the default",
                               "step_s": default.median_s}
@@ -537,6 +549,13 @@ class OnlineTuner:
                                  and w.strategy.hash == best.hash and w.median_s is not None)
         return "commit", {"strategy": best.canonical(), "step_s": wall,
                           "why": f"{default.median_s / best_s:.2f}x the default's {what}"}
+
+    def _ready(self) -> int | None:
+        """Rank 0: the queue's index of the next candidate to try: the first, unless the training is younger than
+        ``lossy_after`` steps, when lossy candidates wait and the first lossless one goes (None: none may go yet)."""
+        if self.steps >= self.lossy_after:
+            return 0
+        return next((i for i, (s, *_) in enumerate(self.queue) if s.is_lossless), None)
 
     def _eff_op(self) -> str:
         return "~" if self.efficiency_rule == "point" else ">="
