@@ -14,6 +14,9 @@ search used):
                 time to L*: there is no separate search.
   auto point    the same with ``zero_shot="point"``, ``"auto"``'s default: a lossy candidate judged at its
                 efficiency's point estimate (what tune --measure 0 picks by) instead of the lower bound
+  auto late     "auto point" with ``lossy_after=24``: no lossy candidate trains a window before step 24 (lossless
+                ones first; an early lossy stretch can cost a training much more than its window,
+                bench/lossy_window.py)
   tune m0       `tune --measure 0` (prediction-only profile, cost and efficiency models), then its pick trains; the
                 profile and prediction time is added (end to end)
   tune m8       (``--arms`` with "tune m8") `tune --measure 8`, then its pick trains; its whole search is added
@@ -62,7 +65,11 @@ from time_to_quality import lowo_models
 
 WORKLOADS = ["resnet-tiny", "convnext-tiny", "bert-mini", "gpt2-tiny", "vit-tiny", "llama-tiny"]
 CLUSTERS = ["2x1@1gbit", "3x1@200mbit", "2x1@1gbit;node1=cpu:0.5"]
-ARMS = ("DDP default", "auto", "auto point", "tune m0", "tune m8")
+LOSSY_AFTER = 24
+ARMS = ("DDP default", "auto", "auto point", "auto late", "tune m0", "tune m8")
+#: the strategy="auto" arms: their options beside the models and the cluster
+AUTOS = {"auto": {"zero_shot": "lower"}, "auto point": {"zero_shot": "point"},
+         "auto late": {"zero_shot": "point", "lossy_after": LOSSY_AFTER}}
 
 
 def train_auto(pool, wl, batch, goal, meter, seed, cap_s, options):
@@ -115,10 +122,11 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say, prior=None
                                       for a in ARMS if a in again or a in prior}
         base, cost_model, eff_model = lowo_models(full, data, wl, 0)
         card = uncertainty.load_card()
-        options = {rule: {"cluster": spec, "network": "emulated", "out": None, "data": None, "report": None,
-                          "zero_shot": rule,       # the rule the tuner names (its predict judges by it)
-                          "predict": functools.partial(predict_without, cost_model, eff_model, base, card,
-                                                       "time-to-loss", rule)} for rule in ("lower", "point")}
+        # zero_shot: the rule the tuner names (its predict judges by it)
+        options = {arm: {"cluster": spec, "network": "emulated", "out": None, "data": None, "report": None, **extra,
+                         "predict": functools.partial(predict_without, cost_model, eff_model, base, card,
+                                                      "time-to-loss", extra["zero_shot"])}
+                   for arm, extra in AUTOS.items()}
         picks = {}
         for arm in (a for a in args.arms if a.startswith("tune")):
             kept = journal.step(f"search {arm}", lambda a=arm: _tune(pool, cluster, wl, batch, a, args, base,
@@ -128,7 +136,7 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say, prior=None
             row[arm] = {"hash": kept["strategy_hash"], "pick": kept.get("pick"),
                         "source": kept["source"], "lossy": kept["lossy"], "search_s": kept["search_s"], "runs": {}}
         row["DDP default"] = {"runs": {}}
-        autos = {a: rule for a, rule in (("auto", "lower"), ("auto point", "point")) if a in args.arms}
+        autos = {a: a for a in AUTOS if a in args.arms}
         for arm in autos:
             row[arm] = {"runs": {}}
         for seed in args.seeds:
@@ -241,27 +249,27 @@ def table(rows: list[dict], arms) -> list[str]:
              "lost to exploring (worse candidates' windows against the best, profiling, switches, decisions) / its "
              "time to L*. LOSSY: the pick changes "
              "the math; its time to L* includes what that costs.", "",
-             "| workload | cluster | L* | " + " | ".join(arms) + " | auto committed to (either rule) | explore |",
+             "| workload | cluster | L* | " + " | ".join(arms) + " | auto committed to (any arm) | explore |",
              "|---|---|---:|" + "---:|" * len(arms) + "---|---:|"]
     for r in rows:
         if "left_out" in r:
             lines.append(f"| {r['workload']} | {r['cluster']} | left out: {r['left_out']} |" + " |" * (len(arms) + 1))
             continue
-        commits = {run["auto"]["committed_summary"] or "(not committed)" for a in ("auto", "auto point")
+        commits = {run["auto"]["committed_summary"] or "(not committed)" for a in AUTOS
                    for run in r.get(a, {}).get("runs", {}).values() if run.get("auto")}
         share = explore_share(r["auto point"]) if "auto point" in r else None
         lines.append(f"| {r['workload']} | {r['cluster']} | {r['target_loss']:.3f} | "
                      + " | ".join(_cell(r.get(a), r["DDP default"]) for a in arms)
                      + f" | {'; '.join(sorted(commits))[:120] or '-'} | "
                      + (f"{share:.1%}" if share is not None else "-") + " |")
-    done = [r for r in rows if "left_out" not in r and ("auto" in r or "auto point" in r)]
+    done = [r for r in rows if "left_out" not in r and any(a in r for a in AUTOS)]
     if done:
         def x(r, a):
             t, d = e2e(r[a])[0], e2e(r["DDP default"])[0]
             return (d / t) if t and d else 0.0
 
         lines += ["", "| figure | value | contexts |", "|---|---:|---:|"]
-        for arm in ("auto", "auto point"):       # "auto point" is strategy="auto"'s default rule
+        for arm in AUTOS:       # "auto point" is strategy="auto"'s default
             sel = [r for r in done if arm in r]
             if not sel:
                 continue
