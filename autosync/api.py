@@ -678,8 +678,9 @@ def auto(model, optimizer, process_group=None, ranks_per_host: int | None = None
     per host) and the links from the measured network; ``window`` and ``settle``, timed and untimed steps of a
     window; ``candidates``; ``budget``, the share of the training time candidates may lose against the best so
     far (:mod:`autosync.search.online`); ``lossy_after``, the first step at which a lossy candidate may train
-    a window (default 0; a lossy stretch early in a training can cost far more than its window:
-    bench/results/lossy_window_early.md); ``objective``, as ``tune``'s: ``"time-to-loss"`` (default: lossy
+    a window (default 0; a lossy stretch early in a training can cost far more than its window,
+    bench/results/lossy_window_early.md, but waiting costs more on most workloads, bench/results/online_tuning.md's
+    arm "auto late"); ``objective``, as ``tune``'s: ``"time-to-loss"`` (default: lossy
     candidates admitted by their goodput at their predicted efficiency), ``"throughput"`` or ``"lossless"``;
     ``zero_shot``, ``"point"`` (default, as ``tune``'s) or ``"lower"``: a lossy candidate judged at its predicted
     efficiency's point estimate or at its interval's lower bound (as ``tune --measure 0 --zero-shot``;
