@@ -7,7 +7,7 @@ x4 each) and stops
   after 0.1    after the first size slower than 0.1 s (the offline profiler's rule)
   ahead 0.1    before the first size predicted slower than 0.1 s (the last time times the sizes' ratio)
   ahead 0.025  the same, before the first size predicted slower than 25 ms
-  ahead 0.1 / 0.025   all-reduce's sweep as "ahead 0.1", the other collectives' as "ahead 0.025"
+  ahead 0.1 / 0.025   all-reduce's and send/recv's sweeps as "ahead 0.1", the other collectives' as "ahead 0.025"
                       (``LIVE_MAX_OP_S``: what strategy="auto" and tune --in-job run)
 
 Per emulated cluster, one rank pool; ``--rounds`` interleaved rounds of the rules (one of each per round, in turn),
@@ -70,8 +70,8 @@ def main() -> None:
              f"Medians of {args.rounds} interleaved rounds per emulated cluster (one rank pool each). Each "
              "collective's sweep over 4 KiB .. 4 MiB stops \"after\" the first size slower than the limit, or "
              "\"ahead\" of the first size predicted slower (the last time times the sizes' ratio). `strategy=\"auto\"` "
-             "and `tune --in-job` run \"ahead 0.1 / 0.025\" (all-reduce's sweep at 0.1 s, the other collectives' "
-             "at 25 ms). Speed: \"ahead 0.1\"'s time over the rule's. Fit / measured: the rule's alpha-beta fit of an all-reduce over the measured one (median of 5, the "
+             "and `tune --in-job` run \"ahead 0.1 / 0.025\" (all-reduce's and send/recv's sweeps at 0.1 s, the other "
+             "collectives' at 25 ms). Speed: \"ahead 0.1\"'s time over the rule's. Fit / measured: the rule's alpha-beta fit of an all-reduce over the measured one (median of 5, the "
              "slowest rank; the measured times in each cluster's last row), the rounds' range in parentheses.",
              "",
              "| cluster | rule | bench | speed vs ahead 0.1 | fit / measured, 256 KiB | fit / measured, 8 MiB |",

@@ -31,10 +31,11 @@ from autosync.profiler.network import COLLECTIVES, Fit, NetworkProfile
 
 #: the network bench of a live training: sizes up to 4 MiB, none predicted slower than 0.1 s (a few seconds in all)
 LIVE_SIZES = tuple(4096 * 4 ** i for i in range(6))
-#: a live sweep stops before the first size predicted slower than this, by collective: all-reduce, whose large sizes
-#: DDP's buckets and the local modes' averaging send, at 0.1 s; the others at 25 ms. bench/results/live_network.md
-#: compares it with one limit for all
-LIVE_MAX_OP_S = {op: 0.1 if op == "all_reduce" else 0.025 for op in COLLECTIVES}
+#: a live sweep stops before the first size predicted slower than this, by collective: all-reduce (whose large sizes
+#: DDP's buckets and the local modes' averaging send) and send/recv (whose slope labels a job's link,
+#: autosync.api._job_cluster: at 25 ms an emulated 1 gbit link read 200 mbit once) at 0.1 s; the others at 25 ms.
+#: bench/results/live_network.md compares it with one limit for all
+LIVE_MAX_OP_S = {op: 0.1 if op in ("all_reduce", "send_recv") else 0.025 for op in COLLECTIVES}
 
 
 class StepObserver:
