@@ -31,9 +31,8 @@ from pathlib import Path
 from autosync import workloads as W
 from autosync.datasets import SHIPPED_DATA
 from autosync.datasets.store import DatasetStore
-from autosync.efficiency import CurveSpec, smooth, steps_to, target
+from autosync.efficiency import Curve, CurveSpec, smooth, steps_to, target
 from autosync.efficiency.meter import EfficiencyMeter
-from autosync.efficiency import Curve
 from autosync.strategy import Strategy
 from _online import train_scheduled_curve
 from _results import RESULTS, say, write as write_result

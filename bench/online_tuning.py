@@ -136,7 +136,7 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say, prior=None
             row[arm] = {"hash": kept["strategy_hash"], "pick": kept.get("pick"),
                         "source": kept["source"], "lossy": kept["lossy"], "search_s": kept["search_s"], "runs": {}}
         row["DDP default"] = {"runs": {}}
-        autos = {a: a for a in AUTOS if a in args.arms}
+        autos = [a for a in AUTOS if a in args.arms]
         for arm in autos:
             row[arm] = {"runs": {}}
         for seed in args.seeds:
@@ -145,11 +145,11 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say, prior=None
                 pool, wl, batch, Strategy.default(), goal, meter, s, None))
             row["DDP default"]["runs"][str(seed)] = base_run
             cap = args.cap * (base_run["time_s"] or base_run.get("trained_s") or 600.0)
-            for arm, rule in autos.items():
+            for arm in autos:
                 say(f"{wl} {spec}: training with strategy=\"auto\" ({arm}) from seed {seed}")
-                row[arm]["runs"][str(seed)] = journal.step(f"train {arm} seed {seed}", lambda s=seed, r=rule:
+                row[arm]["runs"][str(seed)] = journal.step(f"train {arm} seed {seed}", lambda s=seed, a=arm:
                                                            train_auto(pool, wl, batch, goal, meter, s, cap,
-                                                                      options[r]))
+                                                                      options[a]))
             for arm, kept in picks.items():
                 say(f"{wl} {spec}: training {arm}'s pick ({kept['source']}) from seed {seed}")
                 row[arm]["runs"][str(seed)] = journal.step(f"train {arm} seed {seed}", lambda k=kept, sd=seed:

@@ -365,8 +365,8 @@ class OnlineTuner:
             if kind == "stay":
                 self.current = self._going_on(self.current.source if self.current.source != "predicted"
                                               else "incumbent")
-                if isinstance(payload, int) and not isinstance(payload, bool) and round_of(self.current.strategy) == 1:
-                    self.current.timed = max(self.half_window, payload - self.steps)   # young: ends at lossy_after
+                if payload == "young":       # only lossy candidates left: this window ends at lossy_after
+                    self.current.timed = max(self.half_window, self.lossy_after - self.steps)
                 return
             if kind == "incumbent":
                 strategy = Strategy.from_dict(payload["strategy"])
@@ -540,7 +540,7 @@ class OnlineTuner:
             if best.hash != self.model.strategy.hash:
                 return "incumbent", {"strategy": best.canonical(), "lost_s": lost, "trained_s": self.trained_s}
             # only lossy candidates left and the training still young: the strategy training now goes on until then
-            return "stay", None if ready is not None else self.lossy_after
+            return "stay", None if ready is not None else "young"
         if best.hash == self.default_hash or best_s >= default.median_s:
             return "commit", {"strategy": default.strategy.canonical(), "why": "nothing beat the default",
                               "step_s": default.median_s}
