@@ -586,6 +586,7 @@ class AutoOptions:
     candidates: int = 4
     budget: float = 0.05
     lossy_after: int = 0
+    guard: bool = True
     objective: str = "time-to-loss"
     zero_shot: str = "point"
     data: str | Path | None = "autosync-data"
@@ -611,6 +612,8 @@ class AutoOptions:
         lossy_after = options.get("lossy_after", cls.lossy_after)
         if isinstance(lossy_after, bool) or not isinstance(lossy_after, int) or lossy_after < 0:
             raise UserError(f'strategy="auto": lossy_after is a step count (an integer >= 0), not {lossy_after!r}')
+        if not isinstance(options.get("guard", cls.guard), bool):
+            raise UserError(f'strategy="auto": guard is True or False, not {options["guard"]!r}')
         return cls(**options)
 
 
@@ -648,7 +651,8 @@ def auto_tuner(switcher, optimizer, options: AutoOptions, ranks_per_host: int | 
                 except Exception as e:  # noqa: BLE001
                     logging.getLogger("autosync").warning("autosync auto: the report was not written: %s: %s",
                                                           type(e).__name__, e)
-        if options.data is not None and tuner.profile is not None:
+        back = tuner.reverted is not None and tuner.reverted["step"] == tuner.committed_at
+        if options.data is not None and tuner.profile is not None and not back:    # the guard's: recorded before
             _record_windows(tuner, DatasetStore(options.data))
 
     import functools
@@ -659,7 +663,7 @@ def auto_tuner(switcher, optimizer, options: AutoOptions, ranks_per_host: int | 
                        budget=options.budget,
                        ranks_per_host=rph, cluster=spec or (lambda net: _job_cluster(net, world, rph)), env=env,
                        name=type(switcher.module).__name__, on_commit=commit, report=options.report,
-                       efficiency_rule=options.zero_shot, lossy_after=options.lossy_after)
+                       efficiency_rule=options.zero_shot, lossy_after=options.lossy_after, guard=options.guard)
 
 
 def auto(model, optimizer, process_group=None, ranks_per_host: int | None = None, **options):
@@ -680,8 +684,11 @@ def auto(model, optimizer, process_group=None, ranks_per_host: int | None = None
     far (:mod:`autosync.search.online`); ``lossy_after``, the first step at which a lossy candidate may train
     a window (default 0; a lossy stretch early in a training can cost far more than its window,
     bench/results/lossy_window_early.md, but waiting costs more on most workloads, bench/results/online_tuning.md's
-    arm "auto late"); ``objective``, as ``tune``'s: ``"time-to-loss"`` (default: lossy
-    candidates admitted by their goodput at their predicted efficiency), ``"throughput"`` or ``"lossless"``;
+    arm "auto late"); ``guard`` (default True), the loss guard: after a lossy commit, a training loss that makes no
+    progress over two blocks of 16 steps, in two checks in a row, sends the training back to the best lossless
+    strategy measured (it reads the loss the model's forward returns; :mod:`autosync.search.online`);
+    ``objective``, as ``tune``'s: ``"time-to-loss"`` (default: lossy candidates admitted by their goodput at their
+    predicted efficiency), ``"throughput"`` or ``"lossless"``;
     ``zero_shot``, ``"point"`` (default, as ``tune``'s) or ``"lower"``: a lossy candidate judged at its predicted
     efficiency's point estimate or at its interval's lower bound (as ``tune --measure 0 --zero-shot``;
     ``bench/online_tuning.py`` compares the two rules end to end, arms "auto point" and "auto");

@@ -46,7 +46,7 @@ class AutoCurveRun(_CurveRun):
                        "waited_s": t.waited_s,
                        "trained_s": t.trained_s,
                        "exploration_steps": t.exploration_steps() if t.committed else None,
-                       "default_step_s": t.default_step_s()}
+                       "default_step_s": t.default_step_s(), "reverted": t.reverted}
         return out
 
 

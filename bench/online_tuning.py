@@ -227,17 +227,20 @@ def steps_table(rows: list[dict]) -> list[str]:
         return []
     lines = ["", "Steps to L* per seed (held-out loss read every 20 steps): the DDP default's, auto point's, and the "
                  "steps of auto point's windows of lossy candidates (its exploration; a lossy commit trains the "
-                 "rest).", "",
-             "| workload | cluster | seed | default steps | auto point steps | lossy windows' steps | committed |",
-             "|---|---|---:|---:|---:|---:|---|"]
+                 "rest). guard: the step at which the loss guard left a lossy commit whose training loss made no "
+                 "progress (from the lossy commit's step), - where it did not.", "",
+             "| workload | cluster | seed | default steps | auto point steps | lossy windows' steps | committed | guard |",
+             "|---|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
         default = r["DDP default"]["runs"]
         for seed, run in sorted(r["auto point"]["runs"].items()):
             a = run.get("auto") or {}
             lossy = sum(w["steps"] for w in a.get("windows", []) if "LOSSY" in w["strategy"])
             committed = "lossy" if "LOSSY" in (a.get("committed_summary") or "") else "lossless"
+            back = a.get("reverted")
+            guard = f"{back['step']} (from {back['committed_at']})" if back else "-"
             lines.append(f"| {r['workload']} | {r['cluster']} | {seed} | {default.get(seed, {}).get('steps', '-')} | "
-                         f"{run.get('steps', '-')} | {lossy} | {committed} |")
+                         f"{run.get('steps', '-')} | {lossy} | {committed} | {guard} |")
     return lines
 
 

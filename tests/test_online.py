@@ -572,6 +572,16 @@ def test_auto_options_check_lossy_after():
             AutoOptions.build(lossy_after=bad)
 
 
+def test_auto_options_check_guard():
+    from autosync.api import AutoOptions
+    from autosync.errors import UserError
+
+    assert AutoOptions.build().guard is True and AutoOptions.build(guard=False).guard is False
+    for bad in (0, "no", None):
+        with pytest.raises(UserError, match="guard is True or False"):
+            AutoOptions.build(guard=bad)
+
+
 def test_a_candidate_with_the_traffic_of_one_measured_takes_its_step_time_instead_of_a_window():
     """Two DiLoCo candidates that differ only in the outer learning rate send the same bytes at the same steps:
     the second is not trained, it takes the first's step time and is judged at its own efficiency (here higher,
@@ -752,3 +762,72 @@ def test_after_a_commit_into_a_local_mode_each_drift_check_ends_on_an_averaging_
     after = [n for n in seen if n is not None]
     assert len(after) >= 2, seen
     assert all((n - 1 - 2) % 4 == 0 for n in after), seen
+
+
+def _guarded(ctx, after_commit: float, steps: int = 80):
+    """mlp trained by an online tuner whose one candidate is lossy (local SGD, period 4) and wins (each default step
+    waits 0.1 s more); once it is committed, the loss the model's forward returns is shifted by ``after_commit``
+    (a forward hook before the tuner's: the gradients are the real ones, the loss the guard reads moves). The
+    strategy after each step, the tuner's commit step and ``reverted``."""
+    import time
+
+    import torch
+
+    from autosync import workloads
+    from autosync.cluster import parse_cluster
+    from autosync.executor.switch import SwitchableModel, SwitchableOptimizer
+    from autosync.profiler.profile import environment
+    from autosync.search.online import OnlineTuner
+
+    torch.manual_seed(0)
+    model, make_batch = workloads.build("mlp", seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(1000 + ctx.rank)
+    lossy = Strategy.from_dict({"sync": {"mode": "local_sgd", "period": 4, "warmup_steps": 0}})
+    holder: dict = {}
+
+    def shift(module, args, out):
+        t = holder.get("tuner")
+        return out + after_commit if t is not None and t.committed is not None and t.committed.hash == lossy.hash \
+            else None
+    model.register_forward_hook(shift)
+    m, o = SwitchableModel(model, Strategy.default(), ranks_per_host=ctx.ranks_per_host), SwitchableOptimizer(opt)
+    m.bind(o)
+    tuner = OnlineTuner(m, opt, lambda profile: [(lossy, None, 0.99)], window=4, settle=1, budget=1.0, drift=100.0,
+                        ranks_per_host=ctx.ranks_per_host, cluster=parse_cluster("2x1@1gbit"),
+                        env=environment("unshaped"), guard_block=8)
+    holder["tuner"] = tuner
+    default = Strategy.default().hash
+    o.on_step.append(lambda: time.sleep(0.1) if m.strategy.hash == default else None)
+    o.on_step.append(tuner.after_step)
+    trace, commits = [], []
+    o.on_step.append(lambda: trace.append(m.strategy.hash))
+    o.on_step.append(lambda: commits.append(tuner.committed_at))
+    try:
+        for _ in range(steps):
+            workloads.loss_of(m(**make_batch(16, gen))).backward()
+            o.step()
+            o.zero_grad()
+    finally:
+        m.release()
+    first = next(c for c in commits if c is not None)
+    return trace, first, tuner.reverted, lossy.hash, default
+
+
+def test_the_loss_guard_leaves_a_lossy_commit_whose_loss_makes_no_progress_and_keeps_one_that_does():
+    """After a lossy commit the guard compares the ranks' mean loss over the last two blocks (8 steps each here)
+    with the two blocks before the commit, from two blocks after it on, every block: a loss shifted up by 2
+    after the commit is not below it at the checks 16 and 24 steps after the commit, so every rank goes back to the
+    default (the only lossless strategy measured) right after the step 24 steps after the commit; a loss shifted
+    down stays on the lossy strategy to the end. Broken variants: no guard (the first stays lossy), a guard that
+    fires on any loss (the second leaves)."""
+    with RankPool(2, ranks_per_host=1) as pool:
+        (trace, first, reverted, lossy, default), (trace1, *_) = pool.run(_guarded, 2.0)
+        assert trace == trace1
+        assert reverted is not None and reverted["left"] == lossy and reverted["to"] == default, reverted
+        assert reverted["committed_at"] == first and reverted["step"] == first + 24, (first, reverted)
+        assert reverted["loss_after"] > reverted["loss_before"]
+        assert trace[first + 22] == lossy and trace[first + 23] == default, trace   # trace[i]: after step i + 1
+        assert set(trace[first + 23:]) == {default}
+        (trace, first, reverted, lossy, _), _ = pool.run(_guarded, -2.0)
+        assert reverted is None and trace[first - 1] == lossy and set(trace[first:]) == {lossy}, (first, trace)

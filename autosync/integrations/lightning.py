@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 from pytorch_lightning.strategies import DDPStrategy
 
 from autosync.strategy import Strategy, StrategyError, load_strategy
@@ -93,6 +94,14 @@ class AutosyncDDPStrategy(DDPStrategy):
             from autosync.api import auto_tuner
 
             self._tuner = auto_tuner(self._switch, optimizer, self._auto, self._rph())
+        if self._tuner is not None and callable(closure):
+            inner, tuner = closure, self._tuner
+
+            def closure():       # the loss Lightning's closure returns: the loss guard's input
+                loss = inner()
+                if isinstance(loss, torch.Tensor) and loss.dim() == 0:
+                    tuner.observe_loss(loss)
+                return loss
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
         if self._tuner is not None:
             self._tuner.after_step()

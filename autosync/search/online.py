@@ -62,6 +62,22 @@ on every rank at the same steps (decisions are rank 0's, broadcast at the end of
    search opens again: the default trains a window, then the candidates measured before, each once more (the
    budget applies), and the best commits again; at most ``max_reexplore`` times (default 2) in a training.
 
+6. **Loss guard** (``guard``, default on): a lossy commit is judged by its predicted efficiency, and a prediction can
+   be wrong by more than its interval: on vit-tiny, DiLoCo with the paper's outer momentum 0.9 committed at step 48
+   stalled about 0.2 above the loss DDP reached, in both seeds, where DiLoCo without outer momentum matched DDP
+   (bench/results/lossy_window.md). So after a lossy commit every rank keeps the training losses its model's
+   forward returns (a scalar tensor or an output's ``.loss``, as autosync's workloads and Hugging Face models
+   return it; :meth:`OnlineTuner.observe_loss` for a loop whose model returns logits) and, every block of
+   ``guard_block`` steps (default 16; at least the strategy's round) from ``GUARD_BLOCKS`` blocks after the commit
+   on, compares the ranks' mean loss over the last ``GUARD_BLOCKS`` blocks with their mean over as many steps
+   before the commit. Not below it in two checks in a row (the training made no progress since the commit, or the
+   loss went up or is not finite), the guard leaves the lossy strategy for the best lossless one measured (the
+   default unless a lossless candidate beat it), commits that (``on_commit`` again: the strategy file says why)
+   and does not try the stalled one again after a drift. On the vit-tiny curves above the rule fires 48 and 80
+   steps after the m0.9 commit and never on DDP, local SGD or DiLoCo without momentum. A model whose forward
+   returns no loss (and no ``observe_loss``) leaves the guard off. One loss number per block crosses ranks
+   (an all-reduce of two numbers).
+
 Lossless candidates leave the math unchanged, so the parameters after N steps equal plain DDP's to rounding
 whichever candidates ran (``tests/test_online.py``); leaving a local mode for a synchronous one averages the
 ranks' parameters and optimizer states, and a local mode switched to goes on past its warm-up from where the ranks
@@ -72,6 +88,7 @@ on the same step on every rank would undo).
 """
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import statistics
@@ -92,6 +109,10 @@ log = logging.getLogger(__name__)
 #: 500, 0.4 s for 150 on gpt2-tiny at 1 gbit, where the best candidate TPE proposed was predicted 2.18x the
 #: default's goodput after 500 proposals, 1.99x after 150)
 PROPOSALS = 500
+
+#: the loss guard's horizon, in blocks of ``guard_block`` steps: the mean loss over the last this many blocks after a
+#: lossy commit is compared with the mean over as many steps before it
+GUARD_BLOCKS = 2
 
 
 @dataclass
@@ -178,13 +199,15 @@ class OnlineTuner:
                  settle: int = 3, max_candidates: int = 4, budget: float = 0.05, max_wait_s: float = 600.0,
                  drift: float = 0.25, max_reexplore: int = 2, ranks_per_host: int = 1, cluster=None,
                  env: dict | None = None, name: str = "model", on_commit=None, report=None,
-                 efficiency_rule: str = "lower", lossy_after: int = 0):
+                 efficiency_rule: str = "lower", lossy_after: int = 0, guard: bool = True, guard_block: int = 16):
         if window < 4:
             raise ValueError("window must be at least 4 steps (a median and a spread)")
         if not 0 < budget <= 1:
             raise ValueError("budget must be a share of the training time in (0, 1]")
         if lossy_after < 0:
             raise ValueError("lossy_after must be a step count (>= 0)")
+        if guard_block < 4:
+            raise ValueError("guard_block must be at least 4 steps")
         self.budget, self.drift, self.max_reexplore = budget, drift, max_reexplore
         self.lossy_after = lossy_after      # no lossy candidate's window starts before this step
         self.trained_s = 0.0         # the training steps' time observed so far (this rank)
@@ -234,6 +257,16 @@ class OnlineTuner:
         from autosync.profiler.observe import StepObserver
 
         self.observer: StepObserver | None = StepObserver(switcher.module, optimizer, name)
+        # the loss guard (see the module's docstring): this step's training losses as the model's forward returned
+        # them (detached, on the device), the last GUARD_BLOCKS blocks' step losses, the reference of a lossy commit
+        self.guard, self.guard_block = guard, guard_block
+        self._pending: list[torch.Tensor] = []
+        self._recent: collections.deque = collections.deque(maxlen=GUARD_BLOCKS * guard_block)
+        self._guard_ref: float | None = None    # the mean loss of the steps before the lossy commit (all ranks)
+        self._guard_slow = 0                    # checks in a row whose loss was not below the reference
+        self.stalled: set[str] = set()          # lossy strategies the guard left (not committed again)
+        self.reverted: dict | None = None       # the last time the guard left a lossy strategy, and why
+        self._loss_hook = switcher.module.register_forward_hook(self._on_forward) if guard else None
 
     # --- every step -------------------------------------------------------------------------------
     def after_step(self) -> None:
@@ -248,13 +281,86 @@ class OnlineTuner:
             self._watch.append(now - self._last)
             self._watch_opt.append(self._optimizer_s())
         self.steps += 1
+        if self._pending:
+            self._recent.append(torch.stack(self._pending).mean())
+            self._pending = []
         if self.committed is None and len(self.current.steps_s) >= self._timed(self.current):
             self._outside(self._end_window)
         elif self._polling and self.committed is None and self.current.steps_s:
             self._outside(self._poll)
         elif self.committed is not None and len(self._watch) >= 2 * self.timed_of(self.committed):
             self._outside(self._check_drift)
+        if self._guard_ref is not None and self.committed is not None and self._guard_due():
+            self._outside(self._check_guard)
         self._last = time.perf_counter()
+
+    # --- the loss guard -----------------------------------------------------------------------------
+    def _on_forward(self, module, args, output) -> None:
+        """Forward hook on the user's module: a training forward's scalar loss (the output, or its ``.loss``)."""
+        if module.training and torch.is_grad_enabled():
+            loss = getattr(output, "loss", output)
+            if isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point():
+                self.observe_loss(loss)
+
+    def observe_loss(self, loss) -> None:
+        """The training loss of the step running now (a tensor or a number; several in one step are averaged): the
+        loss guard's input. Called by the forward hook when the model returns its loss; a loop whose model returns
+        something else (logits) may call it with the loss it computed, before the optimizer's step."""
+        self._pending.append(loss.detach().float() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss)))
+
+    def _guard_due(self) -> bool:
+        since = self.steps - self.committed_at
+        block = max(self.guard_block, round_of(self.committed))
+        return since >= GUARD_BLOCKS * block and since % block == 0
+
+    def _mean_loss(self) -> float | None:
+        """Collective: the ranks' mean of the step losses in ``_recent`` (None where no rank has any)."""
+        if self._recent:
+            local = torch.stack(list(self._recent)).double()
+            values = [float(local.sum()), float(len(self._recent))]
+        else:
+            values = [0.0, 0.0]
+        t0 = time.perf_counter()
+        out = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(out)
+        self.waited_s += time.perf_counter() - t0
+        return float(out[0] / out[1]) if out[1] > 0 else None
+
+    def _arm_guard(self) -> None:
+        """Collective, at a commit: a lossy commit arms the guard with the mean loss of the steps before it."""
+        self._guard_slow, self._guard_ref = 0, None
+        if self.guard and not self.committed.is_lossless:
+            ref = self._mean_loss()
+            self._guard_ref = ref if ref is not None and math.isfinite(ref) else None
+        # from now on the last GUARD_BLOCKS blocks of the committed strategy (a block: at least its round)
+        block = max(self.guard_block, round_of(self.committed))
+        self._recent = collections.deque(self._recent, maxlen=GUARD_BLOCKS * block)
+
+    def _check_guard(self) -> None:
+        """Collective: the mean training loss of the last ``GUARD_BLOCKS`` blocks against the reference. Not below it
+        in two checks in a row (a stall, or worse: the loss went up), the committed lossy strategy is left for the
+        best lossless one measured (the default unless a lossless candidate beat it), for the rest of the
+        training."""
+        now = self._mean_loss()
+        slow = now is None or not now < self._guard_ref      # NaN (a diverged loss) is not below
+        self._guard_slow = self._guard_slow + 1 if slow else 0
+        if self._guard_slow < 2:
+            return
+        figures = self._figures()
+        lossless = {h: t for h, t in figures.items() if t[1].is_lossless}
+        h, (step_s, best) = min(lossless.items(), key=lambda kv: kv[1][0]) if lossless else \
+            (self.default_hash, (None, self.default_strategy))
+        left, ref, at = self.committed, self._guard_ref, self.committed_at
+        self.stalled.add(left.hash)
+        spread = max((w.spread for w in self.windows if w.epoch == self.epoch and w.strategy.hash == h
+                      and w.median_s is not None), default=0.0)
+        why = (f"the training loss made no progress after the commit to the LOSSY {left.summary()} at step {at}: "
+               f"{'no loss' if now is None else format(now, '.4f')} over the last {len(self._recent)} steps against "
+               f"{ref:.4f} over as many before it, in two "
+               f"checks in a row; back to the best lossless strategy measured")
+        self.reverted = {"step": self.steps, "left": left.hash, "left_summary": left.summary(), "committed_at": at,
+                         "loss_before": ref, "loss_after": now, "to": best.hash}
+        self._commit(best, why, step_s, spread)
 
     def _outside(self, work) -> None:
         """``work()`` between two steps: what it waited for the other ranks' steps (``waited_s``) is training, the
@@ -332,7 +438,8 @@ class OnlineTuner:
         self._lost_before += self.lost_s()
         measured = {}
         for w in self.windows:
-            if w.epoch == self.epoch and w.source == "predicted" and w.outcome == "measured":
+            if w.epoch == self.epoch and w.source == "predicted" and w.outcome == "measured" \
+                    and w.strategy.hash not in self.stalled:
                 measured.setdefault(w.strategy.hash, (w.strategy, w.predicted_speedup, w.efficiency))
         self.epoch += 1
         self._drifted = 0
@@ -600,6 +707,7 @@ class OnlineTuner:
                 self._watch_from = self.steps + (self.settle_of(strategy) if settle is None else settle)
         self.committed, self.committed_s, self._watch, self._watch_opt, self._drifted = strategy, step_s, [], [], 0
         self.committed_at, self.committed_spread, self.committed_why = self.steps, spread, why
+        self._arm_guard()
         if self.rank == 0:
             self._say(f"committed to {strategy.summary()} at step {self.steps}: {why}; exploration took "
                       f"{self.exploration_steps()} of {self.steps} steps "
