@@ -797,6 +797,12 @@ def _guarded(ctx, after_commit: float, steps: int = 80):
                         ranks_per_host=ctx.ranks_per_host, cluster=parse_cluster("2x1@1gbit"),
                         env=environment("unshaped"), guard_block=8)
     holder["tuner"] = tuner
+    import copy
+    import pickle
+
+    copy.deepcopy(model)       # an evaluation's copy, a whole-model checkpoint: the guard's hook is inert there (a
+    hook = pickle.loads(pickle.dumps(model._forward_hooks[tuner._loss_hook.id]))    # tuner holds process groups)
+    assert hook.tuner is None
     default = Strategy.default().hash
     o.on_step.append(lambda: time.sleep(0.1) if m.strategy.hash == default else None)
     o.on_step.append(tuner.after_step)

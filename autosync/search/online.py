@@ -94,6 +94,7 @@ import math
 import statistics
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -189,6 +190,23 @@ def window_steps(strategy: Strategy, window: int, settle: int) -> tuple[int, int
     return untimed, -(-window // k) * k
 
 
+class _LossHook:
+    """The loss guard's forward hook on the user's module. It holds its tuner weakly, and a copy of the module
+    (``copy.deepcopy``, ``pickle``, ``torch.save`` of the whole model: an evaluation copy, a checkpoint) gets an
+    inert one: a tuner holds process groups, which neither copies nor pickles."""
+
+    def __init__(self, tuner=None):
+        self.tuner = weakref.ref(tuner) if tuner is not None else None
+
+    def __call__(self, module, args, output):
+        tuner = self.tuner() if self.tuner is not None else None
+        if tuner is not None:
+            tuner._on_forward(module, args, output)
+
+    def __reduce__(self):
+        return _LossHook, ()
+
+
 class OnlineTuner:
     """The tuner of a live training. ``switcher``: a :class:`~autosync.executor.switch.SwitchableModel` (a plain
     loop) or :class:`~autosync.executor.switch.SwitchableHook` (a framework's DDP); ``optimizer``: the torch
@@ -266,7 +284,7 @@ class OnlineTuner:
         self._guard_slow = 0                    # checks in a row whose loss was not below the reference
         self.stalled: set[str] = set()          # lossy strategies the guard left (not committed again)
         self.reverted: dict | None = None       # the last time the guard left a lossy strategy, and why
-        self._loss_hook = switcher.module.register_forward_hook(self._on_forward) if guard else None
+        self._loss_hook = switcher.module.register_forward_hook(_LossHook(self)) if guard else None
 
     # --- every step -------------------------------------------------------------------------------
     def after_step(self) -> None:
