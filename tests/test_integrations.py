@@ -80,6 +80,7 @@ def test_a_framework_tunes_while_it_trains_with_auto_and_writes_a_strategy_file(
                     "--auto-budget", "1")
     text = (tmp_path / "autosync-strategy.yaml").read_text()
     assert text.startswith("# autosync auto (measured during training): "), text[:500]
+    assert "# loss guard: on: it read the training loss of" in text, text[:800]   # Lightning: its closure's loss
     # the switcher's one hook runs every strategy, the default included (DDP's own all-reduce through it), and
     # its count carries across switches: a tune whose cost model proposed no candidate still counts its buckets
     assert calls > 0, calls

@@ -243,6 +243,7 @@ def test_auto_in_a_bare_loop_predicts_tries_commits_and_writes_a_strategy_file_a
     text = out.read_text()
     assert text.startswith("# autosync auto (measured during training): "), text[:300]
     assert h0 in text      # "predicted" windows only where the cost model put a candidate above the default
+    assert "# loss guard: on: it read the training loss of" in text     # mlp's forward returns its loss
     report = out.with_suffix(".html").read_text()         # the report beside it, as tune writes
     assert "autosync auto (measured during training)" in report and h0 in report, report[:500]
     assert Strategy.from_dict(__import__("yaml").safe_load(text)).hash == h0

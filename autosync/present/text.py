@@ -146,6 +146,7 @@ def online_file_text(strategy, tuner) -> str:
              f"({tuner.lost_s():.2f} s lost against the best), "
              f"{tuner.overhead_s:.1f} s outside steps",
              *([f"# why: {tuner.committed_why}"] if tuner.committed_why else []),
+             f"# loss guard: {tuner.guard_words()}",
              "# windows (median step of the slowest rank, its spread; speedup over the default's):"]
     default = tuner.default_step_s()
     for w in tuner.windows:

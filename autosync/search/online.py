@@ -284,6 +284,7 @@ class OnlineTuner:
         self._guard_slow = 0                    # checks in a row whose loss was not below the reference
         self.stalled: set[str] = set()          # lossy strategies the guard left (not committed again)
         self.reverted: dict | None = None       # the last time the guard left a lossy strategy, and why
+        self.losses_seen = 0                    # steps whose training loss the guard read (this rank)
         self._loss_hook = switcher.module.register_forward_hook(_LossHook(self)) if guard else None
 
     # --- every step -------------------------------------------------------------------------------
@@ -302,6 +303,7 @@ class OnlineTuner:
         if self._pending:
             self._recent.append(torch.stack(self._pending).mean())
             self._pending = []
+            self.losses_seen += 1
         if self.committed is None and len(self.current.steps_s) >= self._timed(self.current):
             self._outside(self._end_window)
         elif self._polling and self.committed is None and self.current.steps_s:
@@ -325,6 +327,17 @@ class OnlineTuner:
         loss guard's input. Called by the forward hook when the model returns its loss; a loop whose model returns
         something else (logits) may call it with the loss it computed, before the optimizer's step."""
         self._pending.append(loss.detach().float() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss)))
+
+    def guard_words(self) -> str:
+        """The loss guard's state, in words (the strategy file's line)."""
+        if not self.guard:
+            return "off (guard=False)"
+        if not self.losses_seen:
+            return ("off: the model's forward returned no scalar loss (a loop may hand it the loss: "
+                    "observe_loss)")
+        back = "" if self.reverted is None else \
+            f"; at step {self.reverted['step']} it left {self.reverted['left_summary']}"
+        return f"on: it read the training loss of {self.losses_seen} steps, and watches a lossy commit{back}"
 
     def _guard_due(self) -> bool:
         since = self.steps - self.committed_at
