@@ -339,22 +339,18 @@ class OnlineTuner:
             f"; at step {self.reverted['step']} it left {self.reverted['left_summary']}"
         return f"on: it read the training loss of {self.losses_seen} steps, and watches a lossy commit{back}"
 
+    def _guard_block_of(self, strategy: Strategy) -> int:
+        """The loss guard's block for ``strategy``: ``guard_block`` steps, at least its round."""
+        return max(self.guard_block, round_of(strategy))
+
     def _guard_due(self) -> bool:
-        since = self.steps - self.committed_at
-        block = max(self.guard_block, round_of(self.committed))
+        since, block = self.steps - self.committed_at, self._guard_block_of(self.committed)
         return since >= GUARD_BLOCKS * block and since % block == 0
 
     def _mean_loss(self) -> float | None:
         """Collective: the ranks' mean of the step losses in ``_recent`` (None where no rank has any)."""
-        if self._recent:
-            local = torch.stack(list(self._recent)).double()
-            values = [float(local.sum()), float(len(self._recent))]
-        else:
-            values = [0.0, 0.0]
-        t0 = time.perf_counter()
-        out = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(out)
-        self.waited_s += time.perf_counter() - t0
+        total = float(torch.stack(list(self._recent)).double().sum()) if self._recent else 0.0
+        out = self._all_reduce([total, float(len(self._recent))], dist.ReduceOp.SUM)
         return float(out[0] / out[1]) if out[1] > 0 else None
 
     def _arm_guard(self) -> None:
@@ -364,8 +360,7 @@ class OnlineTuner:
             ref = self._mean_loss()
             self._guard_ref = ref if ref is not None and math.isfinite(ref) else None
         # from now on the last GUARD_BLOCKS blocks of the committed strategy (a block: at least its round)
-        block = max(self.guard_block, round_of(self.committed))
-        self._recent = collections.deque(self._recent, maxlen=GUARD_BLOCKS * block)
+        self._recent = collections.deque(self._recent, maxlen=GUARD_BLOCKS * self._guard_block_of(self.committed))
 
     def _check_guard(self) -> None:
         """Collective: the mean training loss of the last ``GUARD_BLOCKS`` blocks against the reference. Not below it
@@ -405,15 +400,15 @@ class OnlineTuner:
     def _poll(self) -> None:
         """Collective, while rank 0 predicts: whether its answer is in; if so, the window ends at this step."""
         done = self.rank == 0 and self.thread is not None and not self.thread.is_alive()
-        if self._all_reduce_max([1.0 if done else 0.0])[0] > 0:
+        if self._all_reduce([1.0 if done else 0.0])[0] > 0:
             self._end_window()
 
-    def _all_reduce_max(self, values: list[float]) -> torch.Tensor:
-        """Collective: the ranks' largest ``values``; the time this rank waited for the last to arrive is added to
-        ``waited_s`` (their steps, not the tuner's overhead)."""
+    def _all_reduce(self, values: list[float], op=dist.ReduceOp.MAX) -> torch.Tensor:
+        """Collective: the ranks' ``values`` reduced by ``op`` (default their largest); the time this rank waited for
+        the last to arrive is added to ``waited_s`` (their steps, not the tuner's overhead)."""
         t0 = time.perf_counter()
         out = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+        dist.all_reduce(out, op=op)
         self.waited_s += time.perf_counter() - t0
         return out
 
@@ -458,7 +453,7 @@ class OnlineTuner:
         return (1 + max(self.drift, 2 * self.committed_spread)) * (self.committed_s or 0.0)
 
     def _check_drift(self) -> None:
-        now = self._all_reduce_max([figure(self.committed, self._watch, self._watch_opt)[0]])
+        now = self._all_reduce([figure(self.committed, self._watch, self._watch_opt)[0]])
         self._watch, self._watch_opt = [], []
         slow = self.committed_s is not None and float(now[0]) > self.drift_limit_s()
         self._drifted = self._drifted + 1 if slow else 0
@@ -485,7 +480,7 @@ class OnlineTuner:
     # --- the end of a window (collective) -----------------------------------------------------------
     def _end_window(self) -> None:
         w = self.current
-        figures = self._all_reduce_max(list(figure(w.strategy, w.steps_s, w.optimizer_s)))
+        figures = self._all_reduce(list(figure(w.strategy, w.steps_s, w.optimizer_s)))
         w.median_s, w.spread = float(figures[0]), float(figures[1])
         w.busy = w.busy or self.thread is not None and (self.thread.is_alive() or w.first_step <= self._answered)
         self.windows.append(w)
