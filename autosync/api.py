@@ -292,9 +292,10 @@ def run(workload, strategy: Strategy | str | Path | None = None, cluster: str | 
     return result, where
 
 
-def _auto_task(ctx, workload, batch: int, steps: int, seed: int, spec: str | None, network: str, out, data,
-               window: int, settle: int, candidates: int, budget: float) -> dict:
-    """Rank side of :func:`run_auto`: the workload's training loop, with ``strategy="auto"``."""
+def _auto_task(ctx, workload, batch: int, steps: int, seed: int, spec: str | None, network: str,
+               options: dict) -> dict:
+    """Rank side of :func:`run_auto`: the workload's training loop, with ``strategy="auto"`` and ``options``
+    (:class:`AutoOptions`' fields; ``out`` and ``data`` are rank 0's)."""
     import time
 
     from autosync.executor import device as dev
@@ -303,10 +304,10 @@ def _auto_task(ctx, workload, batch: int, steps: int, seed: int, spec: str | Non
     model, make_batch = workloads.build(workload, seed=seed)
     model.to(ctx.device)
     optimizer = make_optimizer("adam", workloads.lr_of(workload), model.parameters())
-    m, o = auto(model, optimizer, out=out if ctx.rank == 0 else None, cluster=spec, network=network,
-                window=window, settle=settle, candidates=candidates, budget=budget,
-                data=data if ctx.rank == 0 else None,
-                ranks_per_host=ctx.ranks_per_host, report=None)
+    mine = {**options, "out": options["out"] if ctx.rank == 0 else None,
+            "data": options["data"] if ctx.rank == 0 else None}
+    m, o = auto(model, optimizer, cluster=spec, network=network, ranks_per_host=ctx.ranks_per_host, report=None,
+                **mine)
     gen = data_generator(seed, ctx.rank)
     t0 = time.perf_counter()
     try:
@@ -324,16 +325,18 @@ def _auto_task(ctx, workload, batch: int, steps: int, seed: int, spec: str | Non
             "committed_at": tuner.committed_at if tuner.committed else None,
             "default_step_s": tuner.default_step_s(),
             "exploration_steps": tuner.exploration_steps() if tuner.committed else None,
-            "lost_s": tuner.lost_s(), "overhead_s": tuner.overhead_s}
+            "lost_s": tuner.lost_s(), "overhead_s": tuner.overhead_s, "guard": tuner.guard_words(),
+            "reverted": tuner.reverted}
 
 
 def run_auto(workload, cluster: str | Cluster | None = None, nproc: int | None = None,
              ranks_per_host: int | None = None, batch_size: int | None = None, steps: int = 200, seed: int = 0,
              timeout: float = 900.0, unshaped: bool = False, pool=None, out: str | Path | None = None,
              data: str | Path | None = None, window: int = 8, settle: int = 3, candidates: int = 4,
-             budget: float = 0.05):
-    """Train ``workload`` ``steps`` steps with ``strategy="auto"`` (:func:`auto`) on the ranks :func:`run` would
-    use; returns (rank 0's summary: windows, commit, wall time, exploration; where)."""
+             budget: float = 0.05, objective: str = "time-to-loss", lossy_after: int = 0, guard: bool = True):
+    """Train ``workload`` ``steps`` steps with ``strategy="auto"`` (:func:`auto`; ``out`` ... ``guard`` as
+    :class:`AutoOptions`') on the ranks :func:`run` would use; returns (rank 0's summary: windows, commit, wall
+    time, exploration, the loss guard's state; where)."""
     from autosync.executor.launch import START_TIMEOUT_S, RankPool
 
     w, model = checked_workload(workload, batch_size=batch_size)
@@ -349,18 +352,20 @@ def run_auto(workload, cluster: str | Cluster | None = None, nproc: int | None =
     args = (w, batch, steps, seed)
     if not 0 < budget <= 1:
         raise UserError(f"the exploration budget is a share of the training time in (0, 1], not {budget:g}")
-    knobs = (str(out) if out else None, str(data) if data else None, window, settle, candidates, budget)
+    options = dict(out=str(out) if out else None, data=str(data) if data else None, window=window, settle=settle,
+                   candidates=candidates, budget=budget, objective=objective, lossy_after=lossy_after, guard=guard)
+    AutoOptions.build(**options)         # checked here, before any rank starts
     if pool is not None:
-        return pool.run(_auto_task, *args, None, "real", *knobs, timeout=timeout)[0], \
+        return pool.run(_auto_task, *args, None, "real", options, timeout=timeout)[0], \
             f"{world} ranks of this job ({pool.backend}/{pool.device})"
     if cluster is not None:
         from autosync.executor.emulate import open_ranks
 
         with open_ranks(cluster, unshaped, start_timeout=start) as ranks:
-            summary = ranks.run(_auto_task, *args, cluster.spec(), ranks.network, *knobs, timeout=timeout)[0]
+            summary = ranks.run(_auto_task, *args, cluster.spec(), ranks.network, options, timeout=timeout)[0]
             return summary, Context.on(ranks, w, batch, cluster).label
     with RankPool(world, ranks_per_host=ranks_per_host, start_timeout=start) as ranks:
-        summary = ranks.run(_auto_task, *args, None, "unshaped", *knobs, timeout=timeout)[0]
+        summary = ranks.run(_auto_task, *args, None, "unshaped", options, timeout=timeout)[0]
     return summary, f"{world} local ranks (unshaped loopback)"
 
 
@@ -742,7 +747,8 @@ def register(ddp_model, strategy, optimizer=None, process_group=None, ranks_per_
 def _record_windows(tuner, store: DatasetStore) -> int:
     """Append what ``strategy="auto"`` measured to ``store``: per strategy its windows' steps (the default's without
     those measured while rank 0 predicted), as a trial row of source ``auto``; a candidate that failed to start
-    as failed, with its reason. The profile goes beside them."""
+    as failed, with its reason. The profile goes beside them. The store keeps the first row of a (context,
+    strategy): a commit after a drift adds the rows of strategies new to the context."""
     import statistics
 
     from autosync.executor.measure import TrialResult

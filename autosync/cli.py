@@ -124,7 +124,8 @@ def _cmd_run(args) -> int:
                                       ranks_per_host=args.ranks_per_host, batch_size=args.batch_size,
                                       steps=args.steps, seed=args.seed, timeout=args.timeout,
                                       unshaped=args.unshaped, pool=args.pool, out=args.out,
-                                      budget=args.explore_budget)
+                                      budget=args.explore_budget, objective=args.objective,
+                                      lossy_after=args.lossy_after, guard=not args.no_guard)
         print_auto(summary, args.json, f"{args.workload} on {where}, strategy auto")
         return 0 if summary["committed"] else 1
 

@@ -25,7 +25,9 @@ times the default's time (of the same seed) is stopped: time "never". Figures ar
 spread (max - min) / median; one arm beats another only beyond the larger of the two spreads.
 
 Resumable: each finished context is a line of ``--work``/rows.jsonl and is skipped; each finished (arm, seed)
-training of a context in progress is kept in its journal (bench/_results.Journal).
+training of a context in progress is kept in its journal (bench/_results.Journal). With ``--tune``, a finished
+context that has no tune m8 arm gets one: only that arm runs (the default's times of its row set the cap), and the
+row says who measured it and when.
 
     python bench/diloco.py [--workloads ...] [--clusters ...] [--seeds 1 2] [--tune] [--work DIR]
     python bench/diloco.py --table-only
@@ -48,7 +50,7 @@ from autosync.search.baselines import baselines
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.strategy import Strategy
 from _results import (RESULTS, check_inputs, Journal, finished_rows, load_rows, measured_by, run_contexts, say,
-                      show_done, speedup_bars, write as write_result)
+                      show_done, speedup_bars, stamp, write as write_result)
 
 WORKLOADS = ["gpt2-tiny", "llama-tiny", "t5-tiny", "lstm-lm", "resnet-tiny"]
 CLUSTERS = ["2x1@100mbit", "3x1@200mbit", "4x1@100mbit"]
@@ -78,12 +80,15 @@ def train_to(pool, wl, batch, strategy, goal, meter, seed, cap_s):
             "reached": min(smooth(curve.eval_loss))}
 
 
-def run_context(pool, cluster, spec, wl, args, data, work, settings, say):
+def run_context(pool, cluster, spec, wl, args, data, work, settings, say, prior=None):
+    """A context's row; ``prior``: its finished row, whose arms are kept (only the arms it lacks run)."""
     from autosync.profiler import Profile
     from autosync.search.collect import context_profile
 
     batch = W.default_batch_size(wl)
-    row = {"workload": wl, "cluster": spec}
+    kept = {a: prior[a] for a in ARMS if prior and a in prior}
+    row = {**prior, "measured_by": prior.get("measured_by", "not recorded")} if prior else {}
+    row.update(workload=wl, cluster=spec)
     ctx = Context.on(pool, wl, batch, cluster).id
     raw = data.load_profile_dict(ctx)
     profile = Profile.from_dict(raw) if raw else context_profile(DatasetStore(work / "profiles"), pool, cluster, wl,
@@ -95,15 +100,24 @@ def run_context(pool, cluster, spec, wl, args, data, work, settings, say):
         goal, start = target(curves, meter.horizon), statistics.fmean(c.eval_loss[0] for c in curves)
         if is_flat(start, goal):
             return dict(row, left_out=f"flat: the DDP default's held-out loss falls only {start:.4g} -> {goal:.4g}")
+        if prior and abs(prior["target_loss"] - goal) > 1e-9 * abs(goal):
+            raise SystemExit(f"{wl} {spec}: the references now give L* = {goal:.6g}, its finished row "
+                             f"{prior['target_loss']:.6g}: a new arm would not be comparable; measure the context "
+                             f"again in a new --work")
         row["target_loss"] = goal
         journal = Journal(work / "contexts" / f"{safe_name(ctx)}.steps.json",
                           {"goal": goal, "seeds": args.seeds, "cap": args.cap})   # the tune arm is a step of its own
         arms = arm_strategies(profile)
-        if args.tune:
-            kept = journal.step("search tune m8", lambda: _tune(pool, profile, wl, args, data, work, ctx, say))
-            arms["tune m8"] = Strategy.from_dict(kept["strategy"])
-            row["tune m8 search_s"], row["tune m8 source"] = kept["search_s"], kept["source"]
+        if args.tune and "tune m8" not in kept:
+            found = journal.step("search tune m8", lambda: _tune(pool, profile, wl, args, data, work, ctx, say))
+            arms["tune m8"] = Strategy.from_dict(found["strategy"])
+            row["tune m8 search_s"], row["tune m8 source"] = found["search_s"], found["source"]
+            if kept:
+                row["tune m8 measured_by"] = stamp()
         for arm, strategy in arms.items():
+            if arm in kept:
+                row[arm] = kept[arm]
+                continue
             def probe(s=strategy, a=arm):
                 say(f"{wl} {spec}: {a}: throughput and bytes")
                 r = measure_strategy(pool, profile, s, settings)
@@ -112,12 +126,13 @@ def run_context(pool, cluster, spec, wl, args, data, work, settings, say):
             row[arm] = {"hash": strategy.hash, "lossy": not strategy.is_lossless,
                         **journal.step(f"probe {arm}", probe), "runs": {}}
         for seed in args.seeds:
-            base = journal.step(f"train DDP default seed {seed}", lambda s=seed: train_to(
-                pool, wl, batch, arms["DDP default"], goal, meter, s, None))
+            base = row["DDP default"]["runs"].get(str(seed)) or journal.step(
+                f"train DDP default seed {seed}",
+                lambda s=seed: train_to(pool, wl, batch, arms["DDP default"], goal, meter, s, None))
             row["DDP default"]["runs"][str(seed)] = base
             cap = args.cap * (base["time_s"] or base.get("trained_s") or 600.0)
             for arm, strategy in arms.items():
-                if arm == "DDP default":
+                if arm == "DDP default" or str(seed) in row[arm]["runs"]:
                     continue
                 say(f"{wl} {spec}: training {arm} from seed {seed} to L* = {goal:.4f}")
                 row[arm]["runs"][str(seed)] = journal.step(f"train {arm} seed {seed}", lambda s=strategy, sd=seed:
@@ -231,6 +246,7 @@ def table(rows: list[dict]) -> list[str]:
                          f"{statistics.median(ratios):.2f}x | {wins} | {len(sel)} |")
         lines += ["", "Code that measured each context (commit, date its row was stored):", "",
                   *(f"- {r['workload']} {r['cluster']}: {measured_by(r)}, {_date(r)}"
+                    + (f"; tune m8 added by {r['tune m8 measured_by']}" if r.get("tune m8 measured_by") else "")
                     + (f"; tune m8 picked `{r['tune m8 source']}`" if r.get("tune m8 source") else "")
                     for r in done)]
     return lines
@@ -256,9 +272,11 @@ def main() -> None:
         data = DatasetStore(args.data, create=False)
         settings = TrialSettings()
 
-        rows = run_contexts(args, work, set(load_rows(work)),
+        finished = load_rows(work)     # a finished context without tune m8 is measured again for it alone
+        done = {k for k, r in finished.items() if not (args.tune and "left_out" not in r and "tune m8" not in r)}
+        rows = run_contexts(args, work, done,
                             lambda pool, cluster, spec, wl, prior: run_context(pool, cluster, spec, wl, args, data,
-                                                                               work, settings, say), show_done)
+                                                                               work, settings, say, prior), show_done)
     lines = table(rows)
     write_result(args.out, lines)
     print("\n".join(lines))

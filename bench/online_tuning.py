@@ -244,6 +244,15 @@ def steps_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def beaten(a: tuple, b: tuple) -> bool:
+    """Whether ``b`` (median, spread) is faster than ``a`` beyond the larger of the two spreads (a median of None:
+    some seed never reached L*)."""
+    (ta, sa), (tb, sb) = a, b
+    if tb is None:
+        return False
+    return ta is None or ta > tb * (1 + max(sa or 0.0, sb or 0.0))
+
+
 def table(rows: list[dict], arms) -> list[str]:
     lines = ['# Tune while you train: `strategy="auto"` end to end against the DDP default and tune then train', "",
              "Median time to L* over the timed seeds, end to end (a tune arm's search added; auto's exploration is "
@@ -283,6 +292,9 @@ def table(rows: list[dict], arms) -> list[str]:
                 if both:
                     beat = sum(x(r, arm) >= x(r, other) for r in both)
                     lines.append(f"| {arm} end to end >= {other} end to end | {beat} of {len(both)} | {len(both)} |")
+                    lost = [f"{r['workload']} {r['cluster']}" for r in both if beaten(e2e(r[arm]), e2e(r[other]))]
+                    lines.append(f"| {arm} end to end beaten by {other} beyond the larger spread | {len(lost)}"
+                                 f"{': ' + ', '.join(lost) if lost else ''} | {len(both)} |")
             shares = [v for v in (explore_share(r[arm]) for r in sel) if v is not None]
             if shares:
                 lines.append(f"| {arm}'s exploration / its time to L* (median; max) | {statistics.median(shares):.1%}; "

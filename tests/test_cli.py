@@ -91,6 +91,9 @@ BAD = [
     (["run", "--workload", "mlp", "--nproc", "4", "--ranks-per-host", "3"], "does not divide --nproc 4", None),
     (["run"], "the following arguments are required: --workload", None),
     (["fly"], "invalid choice: 'fly'", None),
+    (["run", "--workload", "mlp", "--strategy", "auto", "--lossy-after", "-1"],
+     "--lossy-after: expected an integer >= 0, got -1", None),
+    (["run", "--workload", "mlp", "--strategy", "auto", "--objective", "fastest"], "invalid choice: 'fastest'", None),
     (["run", "--workload", "mlp", "--strategy", "/no/such/file.yaml"], "cannot read strategy file", None),
 ]
 

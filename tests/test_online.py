@@ -300,6 +300,7 @@ def test_autosync_run_strategy_auto_prints_each_window_and_the_commit(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "resnet-tiny on 2 local ranks (unshaped loopback), strategy auto" in out.stdout
     assert "default" in out.stdout and "committed at step" in out.stdout, out.stdout
+    assert "loss guard: on: it read the training loss of" in out.stdout, out.stdout    # resnet-tiny returns its loss
     assert (tmp_path / "s.yaml").read_text().startswith("# autosync auto (measured during training): ")
 
 

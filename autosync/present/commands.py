@@ -74,6 +74,13 @@ COMMANDS = {
         ("--out", "path", None, "with --strategy auto: write the committed strategy here"),
         ("--explore-budget", "positive_float", 0.05, "with --strategy auto: the share of the training time "
          "candidates may lose against the best strategy so far (default 0.05; 1 tries every candidate at once)"),
+        ("--objective", ("time-to-loss", "throughput", "lossless"), "time-to-loss", "with --strategy auto: what "
+         "the commit maximizes: time-to-loss (default: lossy candidates at their predicted efficiency), throughput "
+         "(samples/s, lossy or not) or lossless (lossy candidates left out)"),
+        ("--lossy-after", "nonneg_int", 0, "with --strategy auto: the first step at which a lossy candidate may "
+         "train a window (default 0)"),
+        ("--no-guard", "flag", False, "with --strategy auto: turn the loss guard off (by default a lossy commit "
+         "whose training loss makes no progress goes back to the best lossless strategy measured)"),
         ("--nproc", "positive_int", None, "number of local ranks (default 2)"),
         ("cluster", "run on an emulated cluster, e.g. 2x1@100mbit (world size from the spec; needs root)",
          {"required": False}),

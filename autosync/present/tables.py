@@ -50,7 +50,7 @@ def print_trial(result, as_json: bool, title: str, where: str | None = None) -> 
 
 def print_auto(summary: dict, as_json: bool, title: str) -> None:
     """``autosync run --strategy auto``: each window (strategy, steps, median step of the slowest rank, speedup over
-    the default's, outcome), then the commit and what exploring cost."""
+    the default's, outcome), then the commit, what exploring cost and the loss guard's state."""
     if as_json:
         print(json.dumps(summary))
         return
@@ -73,6 +73,8 @@ def print_auto(summary: dict, as_json: bool, title: str) -> None:
     else:
         out.print(f"no commit within {summary['steps']} steps: give more --steps (each window is settle + window "
                   "steps; the default's, then one per candidate)", markup=False)
+    if summary.get("guard"):
+        out.print(f"loss guard: {summary['guard']}", markup=False)
 
 
 def bandwidth_text(bps: float, world_size: int) -> str:
