@@ -86,7 +86,6 @@ def run_context(pool, cluster, spec, wl, args, data, work, settings, say, prior=
     from autosync.search.collect import context_profile
 
     batch = W.default_batch_size(wl)
-    kept = {a: prior[a] for a in ARMS if prior and a in prior}
     row = {**prior, "measured_by": prior.get("measured_by", "not recorded")} if prior else {}
     row.update(workload=wl, cluster=spec)
     ctx = Context.on(pool, wl, batch, cluster).id
@@ -108,15 +107,14 @@ def run_context(pool, cluster, spec, wl, args, data, work, settings, say, prior=
         journal = Journal(work / "contexts" / f"{safe_name(ctx)}.steps.json",
                           {"goal": goal, "seeds": args.seeds, "cap": args.cap})   # the tune arm is a step of its own
         arms = arm_strategies(profile)
-        if args.tune and "tune m8" not in kept:
+        if args.tune and "tune m8" not in row:
             found = journal.step("search tune m8", lambda: _tune(pool, profile, wl, args, data, work, ctx, say))
             arms["tune m8"] = Strategy.from_dict(found["strategy"])
             row["tune m8 search_s"], row["tune m8 source"] = found["search_s"], found["source"]
-            if kept:
+            if prior:
                 row["tune m8 measured_by"] = stamp()
         for arm, strategy in arms.items():
-            if arm in kept:
-                row[arm] = kept[arm]
+            if arm in row:      # a finished row's arm: kept
                 continue
             def probe(s=strategy, a=arm):
                 say(f"{wl} {spec}: {a}: throughput and bytes")
