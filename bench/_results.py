@@ -126,6 +126,18 @@ class Journal:
         self.path.unlink(missing_ok=True)
 
 
+def beats(a: tuple, b: tuple) -> bool:
+    """Whether ``a`` is faster than ``b`` beyond the larger of the two spreads, the benches' one rule for "beats".
+
+    Each is (median time, spread as (max - min) / median, ...); a median of None means some seed never reached
+    the target: such an arm beats nothing and is beaten by any arm that reached it.
+    """
+    (ta, sa), (tb, sb) = a[:2], b[:2]
+    if ta is None:
+        return False
+    return tb is None or tb > ta * (1 + max(sa or 0.0, sb or 0.0))
+
+
 def measured_by(row: dict) -> str:
     """The commit(s) whose code measured a context: its row's, then those of the steps a stopped run took
     (``resumed_by``); a context resumed before the journal kept them says its earlier steps' commit is unknown."""

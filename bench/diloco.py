@@ -49,7 +49,7 @@ from autosync.executor.launch import TrialFailure
 from autosync.search.baselines import baselines
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.strategy import Strategy
-from _results import (RESULTS, check_inputs, Journal, finished_rows, load_rows, measured_by, run_contexts, say,
+from _results import (RESULTS, beats, check_inputs, Journal, finished_rows, load_rows, measured_by, run_contexts, say,
                       show_done, speedup_bars, stamp, write as write_result)
 
 WORKLOADS = ["gpt2-tiny", "llama-tiny", "t5-tiny", "lstm-lm", "resnet-tiny"]
@@ -223,11 +223,7 @@ def table(rows: list[dict]) -> list[str]:
             sel = [r for r in done if num in r and den in r]
             if not sel:
                 continue
-            wins = 0
-            for r in sel:
-                (a, sa, _), (b, sb, _) = summary(r[num]), summary(r[den])
-                if a is not None and (b is None or b / a > 1 + max(sa or 0, sb or 0)):
-                    wins += 1
+            wins = sum(beats(summary(r[num]), summary(r[den])) for r in sel)
             lines.append(f"| {num} / {den} (time to L*, higher = first faster) | "
                          f"{statistics.median([ratio(r, num, den) for r in sel]):.2f}x | {wins} | {len(sel)} |")
         sel = [r for r in done if "tune m8" in r]
@@ -236,10 +232,9 @@ def table(rows: list[dict]) -> list[str]:
             for r in sel:
                 best = min((summary(r[a]) for a in ARMS[:-1] if a in r and summary(r[a])[0] is not None),
                            key=lambda t: t[0], default=(None, None, 0))
-                a, sa, _ = summary(r["tune m8"])
+                a = summary(r["tune m8"])[0]
                 ratios.append(0.0 if a is None else best[0] / a if best[0] else float("inf"))
-                if a is not None and (best[0] is None or best[0] / a > 1 + max(sa or 0, best[1] or 0)):
-                    wins += 1
+                wins += beats(summary(r["tune m8"]), best)
             lines.append(f"| tune m8 / the best baseline of its context (training only) | "
                          f"{statistics.median(ratios):.2f}x | {wins} | {len(sel)} |")
         lines += ["", "Code that measured each context (commit, date its row was stored):", "",

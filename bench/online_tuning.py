@@ -58,7 +58,7 @@ from autosync.search.config import TuneConfig
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
 from _online import measure_auto_curve, predict_without
-from _results import (RESULTS, check_inputs, commit, Journal, finished_rows, load_rows, run_contexts, say, show_done, stamp,
+from _results import (RESULTS, beats, check_inputs, commit, Journal, finished_rows, load_rows, run_contexts, say, show_done, stamp,
                       speedup_bars, write as write_result)
 from diloco import train_to
 from time_to_quality import lowo_models
@@ -244,15 +244,6 @@ def steps_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def beaten(a: tuple, b: tuple) -> bool:
-    """Whether ``b`` (median, spread) is faster than ``a`` beyond the larger of the two spreads (a median of None:
-    some seed never reached L*)."""
-    (ta, sa), (tb, sb) = a, b
-    if tb is None:
-        return False
-    return ta is None or ta > tb * (1 + max(sa or 0.0, sb or 0.0))
-
-
 def table(rows: list[dict], arms) -> list[str]:
     lines = ['# Tune while you train: `strategy="auto"` end to end against the DDP default and tune then train', "",
              "Median time to L* over the timed seeds, end to end (a tune arm's search added; auto's exploration is "
@@ -292,7 +283,7 @@ def table(rows: list[dict], arms) -> list[str]:
                 if both:
                     beat = sum(x(r, arm) >= x(r, other) for r in both)
                     lines.append(f"| {arm} end to end >= {other} end to end | {beat} of {len(both)} | {len(both)} |")
-                    lost = [f"{r['workload']} {r['cluster']}" for r in both if beaten(e2e(r[arm]), e2e(r[other]))]
+                    lost = [f"{r['workload']} {r['cluster']}" for r in both if beats(e2e(r[other]), e2e(r[arm]))]
                     lines.append(f"| {arm} end to end beaten by {other} beyond the larger spread | {len(lost)}"
                                  f"{': ' + ', '.join(lost) if lost else ''} | {len(both)} |")
             shares = [v for v in (explore_share(r[arm]) for r in sel) if v is not None]
