@@ -138,6 +138,18 @@ def beats(a: tuple, b: tuple) -> bool:
     return tb is None or tb > ta * (1 + max(sa or 0.0, sb or 0.0))
 
 
+def card_words(row: dict, arms: list[str]) -> str:
+    """Which interval card the model-driven ``arms`` of ``row`` read, in words: one calibrated without the workload
+    under test (:func:`autosync.models.uncertainty.card_without`, the arms in the row's ``held_out_card``), or the
+    shipped one, whose calibration and distance reference include that workload (rows stored before the benches
+    rebuilt it)."""
+    held = set(row.get("held_out_card", []))
+    fair, shipped = [a for a in arms if a in held], [a for a in arms if a not in held]
+    parts = ([f"{', '.join(fair)}: interval card without the workload"] if fair else []) + \
+        ([f"{', '.join(shipped)}: the shipped interval card (it saw the workload)"] if shipped else [])
+    return "; ".join(parts)
+
+
 def measured_by(row: dict) -> str:
     """The commit(s) whose code measured a context: its row's, then those of the steps a stopped run took
     (``resumed_by``); a context resumed before the journal kept them says its earlier steps' commit is unknown."""

@@ -49,7 +49,7 @@ from autosync.executor.launch import TrialFailure
 from autosync.search.baselines import baselines
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.strategy import Strategy
-from _results import (RESULTS, beats, check_inputs, Journal, finished_rows, load_rows, measured_by, run_contexts, say,
+from _results import (RESULTS, beats, card_words, check_inputs, Journal, finished_rows, load_rows, measured_by, run_contexts, say,
                       show_done, speedup_bars, stamp, write as write_result)
 
 WORKLOADS = ["gpt2-tiny", "llama-tiny", "t5-tiny", "lstm-lm", "resnet-tiny"]
@@ -111,6 +111,7 @@ def run_context(pool, cluster, spec, wl, args, data, work, settings, say, prior=
             found = journal.step("search tune m8", lambda: _tune(pool, profile, wl, args, data, work, ctx, say))
             arms["tune m8"] = Strategy.from_dict(found["strategy"])
             row["tune m8 search_s"], row["tune m8 source"] = found["search_s"], found["source"]
+            row["held_out_card"] = ["tune m8"] if found.get("card") == "held out" else []
             if prior:
                 row["tune m8 measured_by"] = stamp()
         for arm, strategy in arms.items():
@@ -142,7 +143,7 @@ def run_context(pool, cluster, spec, wl, args, data, work, settings, say, prior=
 
 
 def _tune(pool, profile, wl, args, data, work, ctx, say):
-    """tune --measure 8 by time to loss, its regressor and efficiency model fitted without ``wl``."""
+    """tune --measure 8 by time to loss, its regressor, efficiency model and interval card built without ``wl``."""
     from autosync.models import training, uncertainty
     from autosync.search.config import TuneConfig
     from autosync.search.tuner import tune
@@ -158,8 +159,10 @@ def _tune(pool, profile, wl, args, data, work, ctx, say):
                          also=[DatasetStore(work / "references")], progress=say) as meter:
         config = TuneConfig(measure=8, storage=f"sqlite:///{scratch}/tune.db", objective="time-to-loss")
         result = tune(profile, cost_model, config, DatasetStore(scratch / "trials"), pool, base, workload=wl,
-                      efficiency_model=eff_model, meter=meter, on_progress=say, intervals_card=uncertainty.load_card())
-    return {"strategy": result.strategy.canonical(), "source": result.source, "search_s": time.monotonic() - t0}
+                      efficiency_model=eff_model, meter=meter, on_progress=say,
+                      intervals_card=uncertainty.card_without(full, wl))
+    return {"strategy": result.strategy.canonical(), "source": result.source, "search_s": time.monotonic() - t0,
+            "card": "held out"}
 
 
 def summary(arm: dict) -> tuple[float | None, float | None, int]:
@@ -241,6 +244,7 @@ def table(rows: list[dict]) -> list[str]:
                   *(f"- {r['workload']} {r['cluster']}: {measured_by(r)}, {_date(r)}"
                     + (f"; tune m8 added by {r['tune m8 measured_by']}" if r.get("tune m8 measured_by") else "")
                     + (f"; tune m8 picked `{r['tune m8 source']}`" if r.get("tune m8 source") else "")
+                    + (f"; {card_words(r, ['tune m8'])}" if "tune m8" in r else "")
                     for r in done)]
     return lines
 
@@ -252,7 +256,7 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2], help="timed seeds (default 1 2)")
     ap.add_argument("--cap", type=float, default=2.0, help="stop a pick after this many times the default's time "
                                                            "(default 2)")
-    ap.add_argument("--tune", action="store_true", help="add the arm tune m8 (models fitted without the workload)")
+    ap.add_argument("--tune", action="store_true", help="add the arm tune m8 (regressor, efficiency model and interval card built without the workload)")
     ap.add_argument("--data", default=str(SHIPPED_DATA))
     ap.add_argument("--work", default=str(Path(__file__).parent / "work" / "diloco"))
     ap.add_argument("--out", default=str(RESULTS / "diloco.md"))

@@ -58,7 +58,7 @@ from autosync.search.config import TuneConfig
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
 from _online import measure_auto_curve, predict_without
-from _results import (RESULTS, beats, check_inputs, commit, Journal, finished_rows, load_rows, run_contexts, say, show_done, stamp,
+from _results import (RESULTS, beats, card_words, check_inputs, commit, Journal, finished_rows, load_rows, run_contexts, say, show_done, stamp,
                       speedup_bars, write as write_result)
 from diloco import train_to
 from time_to_quality import lowo_models
@@ -121,7 +121,10 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, say, prior=None
             row["arm_measured_by"] = {a: stamp() if a in again else kept.get(a, "not recorded")
                                       for a in ARMS if a in again or a in prior}
         base, cost_model, eff_model = lowo_models(full, data, wl, 0)
-        card = uncertainty.load_card()
+        card = uncertainty.card_without(full, wl)
+        again_only = bool(args.again and prior is not None)   # the arms measured here read ``card``; kept ones did not
+        row["held_out_card"] = sorted(set(prior.get("held_out_card", [])) | set(args.again) if again_only
+                                      else set(args.arms))
         # zero_shot: the rule the tuner names (its predict judges by it)
         options = {arm: {"cluster": spec, "network": "emulated", "out": None, "data": None, "report": None, **extra,
                          "predict": functools.partial(predict_without, cost_model, eff_model, base, card,
@@ -248,7 +251,7 @@ def table(rows: list[dict], arms) -> list[str]:
     lines = ['# Tune while you train: `strategy="auto"` end to end against the DDP default and tune then train', "",
              "Median time to L* over the timed seeds, end to end (a tune arm's search added; auto's exploration is "
              "inside its training), +- half the spread, and in parentheses the DDP default's median over it. Models "
-             "fitted without the workload under test. explore = auto point's (strategy=\"auto\"'s default rule) time "
+             "fitted without the workload under test (the interval card: each context's line at the end says). explore = auto point's (strategy=\"auto\"'s default rule) time "
              "lost to exploring (worse candidates' windows against the best, profiling, switches, decisions) / its "
              "time to L*. LOSSY: the pick changes "
              "the math; its time to L* includes what that costs.", "",
@@ -309,7 +312,8 @@ def table(rows: list[dict], arms) -> list[str]:
         for arm, code in arm_provenance(r).items():
             by.setdefault(code, []).append(arm)
         lines.append(f"- {r['workload']} {r['cluster']}: "
-                     + "; ".join(f"{', '.join(arms)}: {code}" for code, arms in by.items()))
+                     + "; ".join(f"{', '.join(arms)}: {code}" for code, arms in by.items())
+                     + f"; {card_words(r, [a for a in arm_provenance(r) if a != 'DDP default'])}")
     return lines
 
 

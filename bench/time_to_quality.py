@@ -1,5 +1,6 @@
 """Time to quality, end to end: `tune` (measure 8 and measure 0) against the DDP default, the best hand-crafted
-baseline and Optuna alone, with both models retrained *without the workload under test*.
+baseline and Optuna alone, with both models and the interval card retrained *without the workload under test*
+(:func:`autosync.models.uncertainty.card_without`; results stored before 2026-12-07 read the shipped card).
 
 Per (workload, cluster) context, on one emulated cluster and one kept-alive rank pool:
   DDP default     the lossless reference, trained to the target twice (first and last: its spread is the
@@ -142,7 +143,7 @@ def run_context(pool, cluster, spec, wl, args, data, full, work, settings, say):
     scratch = work / "contexts" / safe_name(ctx)
     shutil.rmtree(scratch, ignore_errors=True)     # an unfinished arm's trials start over; finished steps are kept
     scratch.mkdir(parents=True)
-    card = uncertainty.load_card()
+    card = uncertainty.card_without(full, wl)     # the shipped card's calibration and reference saw ``wl``
     refs_store = DatasetStore(work / "references")
     world, rph = cluster.world_size, cluster.ranks_per_node
     with EfficiencyMeter(refs_store, wl, batch, world, rph, also=[data], progress=say) as ref_meter:

@@ -38,9 +38,7 @@ from _results import RESULTS, load_rows, run_contexts, speedup_bars, write as wr
 def held_out(base, wl, cache):
     """The training set without ``wl`` and its interval card (q and the distance reference), rebuilt once."""
     if wl not in cache:
-        data = base.subset(base.frame.workload.to_numpy() != wl)
-        q = uncertainty.calibrate(data)["normalized"]
-        cache[wl] = (data, {"q": q, "level": uncertainty.LEVEL, "reference": uncertainty.reference(data)})
+        cache[wl] = (base.subset(base.frame.workload.to_numpy() != wl), uncertainty.card_without(base, wl))
     return cache[wl]
 
 

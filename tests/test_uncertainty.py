@@ -57,6 +57,26 @@ def test_a_held_out_workload_is_covered_near_the_level_and_measurements_narrow_i
         assert (ratio < 0.7) if narrower else (ratio > 0.7), (tuned if narrower else "other contexts", ratio)
 
 
+def test_a_card_built_without_a_workload_never_saw_it(shipped):
+    """What a held-out benchmark hands its tunes: q calibrated without the workload (as the nested calibration
+    above), and a distance reference whose nearest context to one of the workload's own is another workload's,
+    where the shipped card finds the context itself."""
+    from autosync.profiler import Profile
+    from autosync.strategy import Strategy
+
+    held = "vit-tiny"
+    card = uncertainty.card_without(shipped, held)
+    assert card["held_out"] == held and card["rows"] == int((shipped.frame.workload != held).sum())
+    assert {p["workload"] for p in card["reference"]["points"]} == set(shipped.frame.workload) - {held}
+    assert card["q"] == pytest.approx(uncertainty.calibrate(shipped, held_out=held)["normalized"], rel=1e-9)
+    raw = DatasetStore(SHIPPED_DATA, create=False).load_profile_dict(f"{held}|b16|2x1@100mbit")
+    own = featurize(Profile.from_dict(raw), Strategy.default())
+    (d_shipped, w_shipped, _), = uncertainty.nearest(uncertainty.load_card()["reference"], own, 1)
+    (d_held, w_held, _), = uncertainty.nearest(card["reference"], own, 1)
+    assert w_shipped == held and d_shipped < 1e-3, (w_shipped, d_shipped)
+    assert w_held != held and d_held > 0.1, (w_held, d_held)
+
+
 def test_out_of_distribution_flags_a_new_shape_device_and_a_far_context_but_not_a_dataset_one():
     from autosync.profiler import Profile
     from autosync.strategy import Strategy

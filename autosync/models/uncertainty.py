@@ -277,16 +277,33 @@ def ood_reasons(ref: dict, features: dict) -> list[str]:
 
 # --- the card --------------------------------------------------------------------------------------------------
 
+def _card(data, level: float, seed: int) -> dict:
+    """What a tune reads from a card: ``q`` calibrated on ``data`` and its distance reference."""
+    q = calibrate(data, level, seed)
+    return {"kind": "interval", "method": "normalized", "level": level, "floor": FLOOR, "q": q["normalized"],
+            "q_constant": q["constant"], "data_hash": data.data_hash, "rows": int(len(data.frame)),
+            "reference": reference(data)}
+
+
+def card_without(data, workload: str, level: float = LEVEL, seed: int = 0) -> dict:
+    """The card :func:`write_card` would have written had ``data`` held no row of ``workload``.
+
+    A benchmark that holds a workload out of the cost models must hold it out of the card too: the shipped card's
+    ``q`` was calibrated with that workload's rows, and its distance reference holds that workload's contexts, so
+    a tune of it could never be out of distribution. Not written anywhere; the fold regressors it fits are cached
+    on disk (:mod:`autosync.cache`), so building it again for the same data is quick.
+    """
+    held = data.subset(data.frame.workload.to_numpy() != workload)
+    return {**_card(held, level, seed), "held_out": workload}
+
+
 def write_card(data, path=CARD, level: float = LEVEL, seed: int = 0, evaluation: dict | None = None) -> dict:
     """Calibrate ``q`` on ``data`` (the shipped training set), evaluate leave one workload out, and write the card
     that tunes read (``q``, the distance reference) with the figures."""
-    q = calibrate(data, level, seed)
-    card = {"kind": "interval", "method": "normalized", "level": level, "floor": FLOOR, "q": q["normalized"],
-            "q_constant": q["constant"], "data_hash": data.data_hash, "rows": int(len(data.frame)),
+    card = {**_card(data, level, seed),
             "fitted": "point and fold regressors afresh at the start of each tune from the shipped dataset "
                       "(autosync.models.uncertainty.IntervalModel.fit); q from this card",
-            "held_out_workload": evaluation if evaluation is not None else evaluate(data, level, seed),
-            "reference": reference(data)}
+            "held_out_workload": evaluation if evaluation is not None else evaluate(data, level, seed)}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
