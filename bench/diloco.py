@@ -49,8 +49,8 @@ from autosync.executor.launch import TrialFailure
 from autosync.search.baselines import baselines
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.strategy import Strategy
-from _results import (RESULTS, beats, card_words, check_inputs, Journal, finished_rows, load_rows, measured_by, run_contexts, say,
-                      show_done, speedup_bars, stamp, write as write_result)
+from _results import (RESULTS, beats, card_words, check_inputs, Journal, finished_rows, load_rows, measured_by,
+                      run_contexts, say, show_done, speedup_bars, stamp, write as write_result)
 
 WORKLOADS = ["gpt2-tiny", "llama-tiny", "t5-tiny", "lstm-lm", "resnet-tiny"]
 CLUSTERS = ["2x1@100mbit", "3x1@200mbit", "4x1@100mbit"]
@@ -160,8 +160,7 @@ def _tune(pool, profile, wl, args, data, work, ctx, say):
                          also=[DatasetStore(work / "references")], progress=say) as meter:
         config = TuneConfig(measure=8, storage=f"sqlite:///{scratch}/tune.db", objective="time-to-loss")
         result = tune(profile, cost_model, config, DatasetStore(scratch / "trials"), pool, base, workload=wl,
-                      efficiency_model=eff_model, meter=meter, on_progress=say,
-                      intervals_card=card)
+                      efficiency_model=eff_model, meter=meter, on_progress=say, intervals_card=card)
     return {"strategy": result.strategy.canonical(), "source": result.source, "search_s": time.monotonic() - t0,
             "card": "held out"}
 
@@ -257,7 +256,8 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[1, 2], help="timed seeds (default 1 2)")
     ap.add_argument("--cap", type=float, default=2.0, help="stop a pick after this many times the default's time "
                                                            "(default 2)")
-    ap.add_argument("--tune", action="store_true", help="add the arm tune m8 (regressor, efficiency model and interval card built without the workload)")
+    ap.add_argument("--tune", action="store_true", help="add the arm tune m8 (regressor, efficiency model and "
+                                                        "interval card built without the workload)")
     ap.add_argument("--data", default=str(SHIPPED_DATA))
     ap.add_argument("--work", default=str(Path(__file__).parent / "work" / "diloco"))
     ap.add_argument("--out", default=str(RESULTS / "diloco.md"))

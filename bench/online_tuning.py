@@ -58,8 +58,8 @@ from autosync.search.config import TuneConfig
 from autosync.search.tuner import tune
 from autosync.strategy import Strategy
 from _online import measure_auto_curve, predict_without
-from _results import (RESULTS, beats, card_words, check_inputs, commit, Journal, finished_rows, load_rows, run_contexts, say, show_done, stamp,
-                      speedup_bars, write as write_result)
+from _results import (RESULTS, beats, card_words, check_inputs, commit, Journal, finished_rows, load_rows,
+                      run_contexts, say, show_done, stamp, speedup_bars, write as write_result)
 from diloco import train_to
 from time_to_quality import lowo_models
 
@@ -251,8 +251,8 @@ def table(rows: list[dict], arms) -> list[str]:
     lines = ['# Tune while you train: `strategy="auto"` end to end against the DDP default and tune then train', "",
              "Median time to L* over the timed seeds, end to end (a tune arm's search added; auto's exploration is "
              "inside its training), +- half the spread, and in parentheses the DDP default's median over it. Models "
-             "fitted without the workload under test (the interval card: each context's line at the end says). explore = auto point's (strategy=\"auto\"'s default rule) time "
-             "lost to exploring (worse candidates' windows against the best, profiling, switches, decisions) / its "
+             "fitted without the workload under test (the interval card: each context's line at the end says). "
+             "explore = auto point's (strategy=\"auto\"'s default rule) time lost to exploring (worse candidates' windows against the best, profiling, switches, decisions) / its "
              "time to L*. LOSSY: the pick changes "
              "the math; its time to L* includes what that costs.", "",
              "| workload | cluster | L* | " + " | ".join(arms) + " | auto committed to (any arm) | explore |",
@@ -309,11 +309,12 @@ def table(rows: list[dict], arms) -> list[str]:
     lines += ["", "Code that measured each arm (commit, date its trainings were stored), per context:", ""]
     for r in rows:
         by: dict[str, list[str]] = {}
-        for arm, code in arm_provenance(r).items():
+        provenance = arm_provenance(r)
+        for arm, code in provenance.items():
             by.setdefault(code, []).append(arm)
         lines.append(f"- {r['workload']} {r['cluster']}: "
                      + "; ".join(f"{', '.join(arms)}: {code}" for code, arms in by.items())
-                     + f"; {card_words(r, [a for a in arm_provenance(r) if a != 'DDP default'])}")
+                     + f"; {card_words(r, [a for a in provenance if a != 'DDP default'])}")
     return lines
 
 
