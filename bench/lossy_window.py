@@ -17,6 +17,9 @@ reaches L* (the DDP default's reference curves' loss at 3/4 of the efficiency ho
   diloco m0 @A            the same with no outer momentum
   ddp_1mb @A+N            a lossless switch (DDP with 1 MB buckets) for N steps from step A, then the default again:
                           what a change of rounding alone does to the trajectory
+  local_sgd_8 applied @A  no switcher: local SGD (period 8) applied from the start with a bsp warm-up of A steps, as
+                          the efficiency protocol trains it (``autosync.apply``); beside "local_sgd_8 @A" it tells
+                          what the switch itself does from what local SGD does
 
 Figures: steps to L* per seed ("never": not within twice the horizon) and the lowest smoothed held-out loss reached;
 every curve (held-out and training loss) in the result file's .json.
@@ -33,6 +36,7 @@ from autosync.datasets import SHIPPED_DATA
 from autosync.datasets.store import DatasetStore
 from autosync.efficiency import Curve, CurveSpec, smooth, steps_to, target
 from autosync.efficiency.meter import EfficiencyMeter
+from autosync.efficiency.train import train_curve
 from autosync.strategy import Strategy
 from _online import train_scheduled_curve
 from _results import RESULTS, say, write as write_result
@@ -46,10 +50,16 @@ DILOCO = {"sync": {"mode": "diloco", "period": 16, "outer_lr": 1.0, "outer_momen
 ARMS = ["DDP default", "local_sgd_8 @8+8", "local_sgd_8 @48", "local_sgd_8 @48+48", "diloco m0.9 @48", "diloco m0 @48"]
 
 
+def applied(arm: str) -> dict | None:
+    """The strategy an "applied" arm trains by from its start (no switcher); None for another arm."""
+    m = re.fullmatch(r"local_sgd_8 applied @(\d+)", arm)
+    return Strategy.from_dict({"sync": dict(LOCAL["sync"], warmup_steps=int(m.group(1)))}).canonical() if m else None
+
+
 def schedule(arm: str) -> list[tuple[int, dict]]:
     """The switches of an arm named as in the docstring: [(steps taken, strategy), ...]."""
     default = Strategy.default().canonical()
-    if arm == "DDP default":
+    if arm == "DDP default" or applied(arm) is not None:
         return []
     m = re.fullmatch(r"(local_sgd_8|diloco m0\.9|diloco m0|ddp_1mb) @(\d+)(\+(\d+))?", arm)
     if not m:
@@ -99,14 +109,16 @@ def main() -> None:
             goal = target(meter.references(), meter.horizon)
             for seed in args.seeds:
                 for arm in arms:
-                    spec = CurveSpec(wl, Strategy.default().canonical(), batch, meter.horizon, meter.eval_every,
-                                     seed, meter.lr, meter.optimizer, signals=False, goal=goal,
+                    fixed = applied(arm)
+                    spec = CurveSpec(wl, fixed or Strategy.default().canonical(), batch, meter.horizon,
+                                     meter.eval_every, seed, meter.lr, meter.optimizer, signals=False, goal=goal,
                                      extend_to=2 * meter.horizon)
-                    raw = pool.run(train_scheduled_curve, spec, schedule(arm), timeout=1800)[0]
+                    raw = (pool.run(train_curve, spec, timeout=1800) if fixed else
+                           pool.run(train_scheduled_curve, spec, schedule(arm), timeout=1800))[0]
                     curve = Curve(raw["steps"], raw["eval_loss"], raw["train_loss"])
                     n = steps_to(curve.steps, curve.eval_loss, goal)
                     results[arm, seed] = (n, min(smooth(curve.eval_loss)))
-                    curves.append({"arm": arm, "seed": seed, "schedule": schedule(arm), "steps": curve.steps,
+                    curves.append({"arm": arm, "seed": seed, "schedule": schedule(arm), "applied": applied(arm), "steps": curve.steps,
                                    "eval_loss": curve.eval_loss, "train_loss": curve.train_loss})
                     say(f"{wl} seed {seed} {arm}: L* {goal:.4f} " + (f"at step {n:.0f}" if n else "never")
                         + f", lowest {results[arm, seed][1]:.4f}")
