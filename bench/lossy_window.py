@@ -118,8 +118,8 @@ def main() -> None:
                     curve = Curve(raw["steps"], raw["eval_loss"], raw["train_loss"])
                     n = steps_to(curve.steps, curve.eval_loss, goal)
                     results[arm, seed] = (n, min(smooth(curve.eval_loss)))
-                    curves.append({"arm": arm, "seed": seed, "schedule": schedule(arm), "applied": applied(arm), "steps": curve.steps,
-                                   "eval_loss": curve.eval_loss, "train_loss": curve.train_loss})
+                    curves.append({"arm": arm, "seed": seed, "schedule": schedule(arm), "applied": fixed,
+                                   "steps": curve.steps, "eval_loss": curve.eval_loss, "train_loss": curve.train_loss})
                     say(f"{wl} seed {seed} {arm}: L* {goal:.4f} " + (f"at step {n:.0f}" if n else "never")
                         + f", lowest {results[arm, seed][1]:.4f}")
     lines = [f"# What a lossy stretch costs: {wl} on {cluster.world_size} ranks, switched at fixed steps", "",
