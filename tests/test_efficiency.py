@@ -5,7 +5,7 @@ import pytest
 
 from autosync.datasets.store import DatasetStore
 from autosync.efficiency import (BAND_LIMIT, PROTOCOL, Curve, CurveSpec, as_protocol, compare, decide, key, lr_of,
-                                 reusable, steps_to, target)
+                                 reusable, short_of_pairs, steps_to, target)
 from autosync.efficiency.meter import EfficiencyMeter
 from autosync.efficiency.train import measure_curve
 from autosync.executor.launch import RankPool
@@ -48,6 +48,11 @@ def test_compare_decides_by_the_raw_ratio_or_its_lower_bound_and_never_reaching_
     spread = max(abs(r / four.raw - 1) for r in four.ratios)
     assert four.band == pytest.approx(max(h, spread) / 2)
     assert decide(0.9, 0.1) == 0.9 and decide(0.9, 0.5) == pytest.approx(0.45) and decide(0.9, 1.5) == 0.0
+    # a second seed that stalls (local SGD on vit-tiny): it counts 0, halves the mean and widens the band past the
+    # limit, so the band's lower bound decides and more pairs follow
+    stall = compare(refs, [refs[0], Curve(steps, [4, 3.5, 3.4, 3.4, 3.4], [])], 40)
+    assert stall.ratios == [1.0, 0.0] and stall.raw == 0.5 and stall.band == pytest.approx(1 / 2 ** 0.5)
+    assert stall.efficiency == pytest.approx(0.5 * (1 - 1 / 2 ** 0.5)) and stall.band > BAND_LIMIT
 
 
 def test_a_candidate_trained_past_the_horizon_is_read_there_only_when_short_of_the_target_by_it():
@@ -199,6 +204,18 @@ def test_rows_of_an_older_protocol_are_reused_only_where_the_measurement_did_not
     assert reusable(narrow) and as_protocol(narrow)["efficiency"] == 0.93
     assert not reusable({**narrow, "band": 0.3})
     assert reusable({**narrow, "protocol": PROTOCOL, "band": 0.3})
+    # protocol 5: modes that drift pair at least 2 seeds; a protocol-4 row is reused, and one such row with one pair
+    # is short (the meter extends it), other modes' rows and rows that never reached L* are not
+    local = Strategy.from_dict({"sync": {"mode": "local_sgd", "period": 8}})
+    diloco = Strategy.from_dict({"sync": {"mode": "diloco", "period": 8}})
+    one_pair = {"efficiency_key": key("mlp", 128, 2, 1, local), "protocol": 4, "status": "ok", "efficiency_raw": 1.1,
+                "band": 0.05, "pairs": 1, "strategy": local.to_json(), "curve": "{}", "lossy_key": "x"}
+    assert reusable(one_pair) and short_of_pairs(one_pair)
+    assert short_of_pairs({**one_pair, "pairs": float("nan"), "protocol": 3})   # before protocol 4: one pair
+    assert short_of_pairs({**one_pair, "strategy": diloco.to_json()})
+    assert not short_of_pairs({**one_pair, "pairs": 2})
+    assert not short_of_pairs({**one_pair, "efficiency_raw": 0.0}), "never reached L*: no further pairs"
+    assert not short_of_pairs({**one_pair, "strategy": psgd.to_json()}), "a compressor pairs one seed"
 
 
 def test_a_wide_band_trains_more_seed_pairs_and_stores_them(tmp_path):
@@ -213,6 +230,31 @@ def test_a_wide_band_trains_more_seed_pairs_and_stores_them(tmp_path):
     assert row["efficiency_raw"] == pytest.approx(sum(json.loads(row["pair_ratios"])) / 3, rel=1e-4)
     rows = store.read_efficiency()
     assert sorted(rows.seed[rows.lossy_key == "lossless"]) == [0, 1, 2]
+
+
+def test_local_sgd_pairs_two_seeds_and_a_stored_one_pair_row_is_extended_by_one_curve(tmp_path):
+    """Local SGD's stalls depend on the seed: its efficiency pairs at least 2 seeds whatever the band; a row stored
+    with one pair keeps its seed-0 curve and trains only seed 1."""
+    store = DatasetStore(tmp_path / "d")
+    local = Strategy.from_dict({"sync": {"mode": "local_sgd", "period": 4, "warmup_steps": 2}})
+    said: list[str] = []
+    with EfficiencyMeter(store, SMALL, 64, 2, 1, horizon=HORIZON, eval_every=EVERY, progress=said.append) as meter:
+        row = meter.measure(local)
+        assert row["status"] == "ok" and row["pairs"] >= 2 and row["protocol"] == PROTOCOL, row
+        ratios = json.loads(row["pair_ratios"])
+        assert row["efficiency_raw"] == pytest.approx(sum(ratios) / len(ratios), rel=1e-4)
+        assert any("pairs at least 2" in s for s in said), said
+        # the same row as protocol 4 stored it, with seed 0 only: extended by seed 1, seed 0 not trained again
+        one = {**row, "protocol": 4, "pairs": 1, "pair_ratios": json.dumps(ratios[:1]), "efficiency_raw": ratios[0],
+               "timestamp": 1.0}
+        store.replace_efficiency([one])
+        said.clear()
+        again = meter.measure(local)
+    trained = [s for s in said if s.startswith("training lossy")]
+    assert len(trained) == 1 and "(seed 1)" in trained[0], said
+    assert again["pairs"] == 2 and again["curve"] == row["curve"] and again["timestamp"] > 1.0
+    assert json.loads(again["pair_ratios"])[0] == pytest.approx(ratios[0], rel=1e-4)
+    assert again["efficiency_raw"] == pytest.approx(sum(ratios[:2]) / 2, rel=1e-3), "seed 1 trains the same again"
 
 
 def test_the_efficiency_model_can_be_fitted_without_one_workload():

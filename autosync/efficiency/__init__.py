@@ -34,7 +34,13 @@ band is wider than ``BAND_LIMIT`` (0.15), another pair is trained (reference see
 up to ``MAX_PAIRS`` (4). The efficiency that decides is the raw ratio where the band resolved it, and the
 band's lower bound where it stayed wide (:func:`decide`): never a 1.0 that noise made up. ``within_noise``
 (``|raw - 1| <= band``) is kept as information. A candidate that never reaches L* (seed 0) has efficiency 0
-and gets no further pairs. (Protocol 3 paired one seed and reported 1.0 for any raw ratio within
+and gets no further pairs; a later seed that never reaches it counts 0 in the mean (and widens the band).
+**Modes that drift** (a sync mode's ``min_pairs``: local SGD, DiLoCo, adaptive, selective) pair at least 2 seeds
+whatever the band: their ranks' models drift apart between averages, and whether they stall depends on the seed
+(vit-tiny's local SGD reached L* in one seed and never in the other, bench/results/lossy_window_applied.md),
+which the reference seeds' spread cannot show. A stored row of such a mode with fewer pairs (protocols 1-4) keeps its
+seed-0 curve and is extended by the missing seeds (:func:`short_of_pairs`, :meth:`EfficiencyMeter.measure`).
+(Protocol 3 paired one seed and reported 1.0 for any raw ratio within
 ``1 +- h``; its rows whose band was within ``BAND_LIMIT`` measured what protocol 4 measures and are
 reused; the others are measured again, with more pairs.) The final evaluation-loss ratio (candidate /
 reference, seed 0's last evaluation) has its own band from the reference's seeds.
@@ -92,9 +98,10 @@ FLAT_DROP = 0.02                 # a reference whose loss falls less than this s
 EXTEND = 2                       # a candidate short of L* at the horizon trains on, up to this many horizons
 BAND_LIMIT = 0.15                # a band wider than this is narrowed by more seed pairs, up to MAX_PAIRS
 MAX_PAIRS = 4
-PROTOCOL = 4                     # bump when the measurement changes: stored results of another protocol are not reused
+PROTOCOL = 5                     # bump when the measurement changes: stored results of another protocol are not reused
 #                                  (2: asynchronous modes train on the cluster in timed windows; 3: a candidate short of
-#                                  L* at the horizon trains on, up to EXTEND horizons; see reusable())
+#                                  L* at the horizon trains on, up to EXTEND horizons; 4: more pairs while the band is
+#                                  wide; 5: modes that drift pair at least min_pairs seeds; see reusable())
 
 
 
@@ -238,20 +245,39 @@ def compare(references: list[Curve], candidates, horizon: int) -> Efficiency:
 
 
 def reusable(row: dict) -> bool:
-    """Whether a stored row was measured by this protocol, or by an older one that measured the same. Protocol 4
+    """Whether a stored row was measured by this protocol, or by an older one that measured the same. Protocol 5
+    only trains more pairs for modes that drift (its rows of other modes are protocol 4's; a protocol-4 row of such a
+    mode is reused and extended, :func:`short_of_pairs`). Protocol 4
     changed how noise decides (pairs while the band is wide, no 1.0 made up): a protocol-3 row that reached L*
     with a band within BAND_LIMIT is what protocol 4 measures with one pair (its efficiency decided again by
     :func:`decide`, see :func:`as_protocol`). Protocol 3 changed only candidates that had not reached L* by the
     horizon (older rows that never reached it are measured again), protocol 2 only asynchronous modes on a
     cluster (protocol-1 rows measured there are not reused)."""
     proto = row.get("protocol")
-    if proto == PROTOCOL:
-        return True
+    if proto in (PROTOCOL, 4):     # 5 only adds seed pairs to modes that drift: the meter extends such rows
+        return True                # (short_of_pairs), keeping the pairs they have
     if row.get("status") == "ok" and row.get("efficiency_raw") == 0:
         return proto == 3          # never reached L*: protocol 3 trained on as 4 does; older ones stopped early
     if row.get("status") == "ok" and row.get("lossy_key") != "lossless" and (row.get("band") or 0.0) > BAND_LIMIT:
         return False               # a band protocol 4 narrows with more pairs
     return proto in (2, 3) or (proto == 1 and place(row["efficiency_key"]) in (None, LOOPBACK))
+
+
+def pairs_of(row: dict) -> int:
+    """The seed pairs a stored row measured (rows older than protocol 4 paired one)."""
+    pairs = row.get("pairs")
+    return 1 if pairs is None or pairs != pairs else int(pairs)
+
+
+def short_of_pairs(row: dict) -> bool:
+    """Whether a stored row reached L* with fewer seed pairs than its sync mode's ``min_pairs`` (protocol 5): the
+    meter extends it by the missing seeds. A row that never reached L* (efficiency 0) is not short: it gets no
+    further pairs."""
+    if row.get("status") != "ok" or not row.get("efficiency_raw") or not row.get("curve"):
+        return False
+    from autosync.strategy import Strategy
+
+    return pairs_of(row) < Strategy.from_dict(json.loads(row["strategy"])).sync.kind.min_pairs
 
 
 def as_protocol(row: dict) -> dict:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from autosync.efficiency import LOOPBACK, place, reusable
+from autosync.efficiency import LOOPBACK, place, reusable, short_of_pairs
 from autosync.efficiency.meter import EfficiencyMeter
 from autosync.strategy import Strategy
 
@@ -14,13 +14,15 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
     (workload, batch, world, hosts) group, in a seeded order (the same command continues the same list:
     what is stored is skipped). ``again``: instead, measure again every stored loopback row an older protocol
     measured differently (:func:`reusable`: censored at the horizon, or a band protocol 4 narrows with more seed
-    pairs), each with its stored strategy, whatever
+    pairs), or with fewer seed pairs than its mode needs (:func:`short_of_pairs`: extended, its seed-0 curve kept),
+    each with its stored strategy, whatever
     the seeded lists hold now (``per_group`` and ``seed`` do not apply). ``modes``: only the strategies of these sync
     modes (their own seeded lists). Returns counts of ok / failed / already stored."""
     import random
 
     stored = store.efficiency_rows()
-    measured = {k for k, row in stored.items() if reusable(row)}    # a censored row is measured again
+    # a censored row is measured again; one of a mode that drifts, with fewer seed pairs than it needs, is extended
+    measured = {k for k, row in stored.items() if reusable(row) and not short_of_pairs(row)}
     counts = {"ok": 0, "failed": 0, "timeout": 0, "flat": 0, "stored": 0}
     groups: dict[tuple, dict[str, str]] = {}
     if again:

@@ -5,7 +5,7 @@ import numpy as np
 
 from autosync.efficiency import (BAND_LIMIT, DEFAULT_EVAL_EVERY, DEFAULT_HORIZON, EXTEND, LOOPBACK, MAX_PAIRS, REFERENCE_SEEDS,
                                  Curve, CurveSpec, _curve_of, as_protocol, compare, efficiency_row, is_flat, key, lr_of,
-                                 reference_key, reusable, target)
+                                 pairs_of, reference_key, reusable, short_of_pairs, target)
 from autosync.efficiency.train import measure_curve
 from autosync.errors import UserError
 from autosync.strategy import Strategy
@@ -16,7 +16,8 @@ class EfficiencyMeter:
 
     One meter per (workload, batch, world, hosts). ``measure(strategy)`` returns the stored or
     newly measured row (a dict, see :func:`efficiency_row`) of the strategy's efficiency key; while its band is
-    wider than ``BAND_LIMIT`` it trains another pair of seeds (reference and candidate), up to ``MAX_PAIRS``.
+    wider than ``BAND_LIMIT`` it trains another pair of seeds (reference and candidate), up to ``MAX_PAIRS``; a mode
+    that drifts (its ``min_pairs``) trains at least that many pairs, and a stored row of it with fewer is extended.
 
     An asynchronous mode (asp) is timing-dependent: once :meth:`on_cluster` has given the meter the
     cluster's own ranks, it is trained there (its key and row name the cluster); without them it is
@@ -142,8 +143,9 @@ class EfficiencyMeter:
             return {"efficiency_key": ekey, "status": "ok", "efficiency": 1.0, "efficiency_lo": 1.0,
                     "efficiency_hi": 1.0, "band": 0.0, "within_noise": True, "final_loss_ratio": 1.0,
                     "lossless": True}
+        need = strategy.sync.kind.min_pairs
         row = self._stored(ekey)
-        if row is not None:
+        if row is not None and not short_of_pairs(row):
             return row
         refs = self.references()
         start, goal = float(np.mean([c.eval_loss[0] for c in refs])), target(refs, self.horizon)
@@ -154,14 +156,21 @@ class EfficiencyMeter:
                                  f"{self.horizon} steps: too flat to measure an efficiency")
             self.store.replace_efficiency([row])
             return row
-        curve, status, reason = self._run(strategy, 0, ekey, f"lossy strategy {strategy.hash}", goal)
+        if row is not None:        # stored with fewer pairs than the mode needs: its seed-0 curve stands
+            curve, status, reason = _curve_of(row), "ok", ""
+            if self.progress:
+                self.progress(f"stored with {pairs_of(row)} seed pair(s); {strategy.sync.mode} pairs at least {need}")
+        else:
+            curve, status, reason = self._run(strategy, 0, ekey, f"lossy strategy {strategy.hash}", goal)
         eff = compare(refs, curve, self.horizon) if curve is not None else None
         curves = [curve]
-        while eff is not None and eff.raw > 0 and eff.band > self.band_limit and len(curves) < self.max_pairs:
+        while (eff is not None and eff.raw > 0 and (eff.band > self.band_limit or len(curves) < need)
+               and len(curves) < max(self.max_pairs, need)):
             seed = len(curves)
             if self.progress:
-                self.progress(f"band +-{eff.band:.0%} is wider than +-{self.band_limit:.0%}: pair {seed + 1} of at "
-                              f"most {self.max_pairs}")
+                why = (f"band +-{eff.band:.0%} is wider than +-{self.band_limit:.0%}" if eff.band > self.band_limit
+                       else f"{strategy.sync.mode} pairs at least {need} seeds")
+                self.progress(f"{why}: pair {seed + 1} of at most {max(self.max_pairs, need)}")
             more, status2, reason2 = self._run(strategy, seed, ekey, f"lossy strategy {strategy.hash} (seed {seed})",
                                                goal)
             if more is None:       # the pairs so far stand; the row says why there are no more

@@ -228,6 +228,10 @@ class SyncModeDef(Entry):
     #: models drift apart), so its throughput is measured training as the efficiency protocol does
     #: (:meth:`autosync.executor.measure.TrialSpec.recipe`)
     follows_trajectory: ClassVar[bool] = False
+    #: seed pairs the efficiency protocol trains at least (:mod:`autosync.efficiency`): 2 for modes whose ranks'
+    #: models drift apart between averages (local SGD and its family, selective), which stall or converge seed by
+    #: seed (vit-tiny's local SGD: bench/results/lossy_window_applied.md); one seed cannot see that
+    min_pairs: ClassVar[int] = 1
 
     def suggest(self, trial, profile=None) -> dict[str, Any]:
         return {}

@@ -30,6 +30,7 @@ class LocalSGD(SyncModeDef):
     bypasses_plans = True
     host_local_after_warmup = True
     wraps_optimizer = True
+    min_pairs = 2
     fields = {"period": Field(4, 2, 10_000, unused=1), "warmup_steps": Field(10, 0, 1_000_000, unused=0, traffic=False),
               "outer_compressor": OUTER_COMPRESSOR}
     features = {"local_sgd": 0.0, "local_period": 1.0, "outer_bytes": 1.0}

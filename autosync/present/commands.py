@@ -150,8 +150,9 @@ COMMANDS = {
         ("--timeout", "positive_float", 1800.0, "time limit of one training run (s)"),
         ("--again", "flag", False, "instead, measure again every stored row an older protocol measured differently "
          "(censored at the horizon, or a band wider than 15%% that protocol 4 narrows with more seed pairs: such a "
-         "row is not reused), with its own strategy; --workloads, --worlds and --modes still select, --per-group and "
-         "--seed do not apply")),
+         "row is not reused), or a row of a mode that drifts (local SGD, DiLoCo, adaptive, selective) with fewer "
+         "than 2 seed pairs (extended: its seed-0 curve stands), with its own strategy; --workloads, --worlds and "
+         "--modes still select, --per-group and --seed do not apply")),
     "merge": ("add the trials of other datasets to one",
         "Add every trial, efficiency measurement and profile of the SOURCE datasets to --data (created if missing). "
         "A row whose (context, strategy) is stored there already is kept as it is, so merging the same source twice "
