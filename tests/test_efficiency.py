@@ -179,6 +179,13 @@ def test_collect_again_measures_the_censored_rows_again_and_nothing_else(tmp_pat
     assert again["protocol"] == PROTOCOL and again["timestamp"] > 1.0
     assert rows[other["efficiency_key"]]["timestamp"] == 1.0, "--workloads still selects"
     assert collect(store, [SMALL], again=True)["ok"] == 0, "a row measured again is reused"
+    # a row stored under an older key format (its strategy's key today differs): measured under the current key,
+    # which then takes its place
+    old_format = {**censored, "efficiency_key": row["efficiency_key"] + "|old-format", "timestamp": 2.0}
+    store.replace_efficiency([old_format])
+    assert collect(store, [SMALL], again=True)["stored"] == 0
+    rows = store.efficiency_rows()
+    assert old_format["efficiency_key"] not in rows and rows[row["efficiency_key"]]["protocol"] == PROTOCOL
 
 
 def test_rows_of_an_older_protocol_are_reused_only_where_the_measurement_did_not_change():

@@ -298,6 +298,12 @@ class DatasetStore:
             self._efficiency.compact_locked(df[~gone])
         return int(gone.sum())
 
+    def remove_efficiency(self, keys: set[str]) -> int:
+        """Delete the efficiency rows of these keys (e.g. a row stored under an older key format once its strategy
+        was measured again under the current one); returns how many were deleted."""
+        with self._locked():
+            return self._remove_efficiency_locked(set(keys))
+
     def append_efficiency(self, rows: list[dict]) -> int:
         """Append the rows whose keys are not stored yet (a stored key keeps its row); returns how many."""
         with self._locked():

@@ -15,7 +15,7 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
     what is stored is skipped). ``again``: instead, measure again every stored loopback row an older protocol
     measured differently (:func:`reusable`: censored at the horizon, or a band protocol 4 narrows with more seed
     pairs), or with fewer seed pairs than its mode needs (:func:`short_of_pairs`: extended, its seed-0 curve kept),
-    each with its stored strategy, whatever
+    each with its stored strategy (a row stored under an older key format is replaced by the row of its current key), whatever
     the seeded lists hold now (``per_group`` and ``seed`` do not apply). ``modes``: only the strategies of these sync
     modes (their own seeded lists). Returns counts of ok / failed / already stored."""
     import random
@@ -60,4 +60,6 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
                     progress(f"{workload} b{batch} w{world}x{rph}: {i + 1}/{len(todo)}")
                 row = meter.measure(Strategy.from_dict(json.loads(keys[k])))
                 counts[row["status"]] = counts.get(row["status"], 0) + 1
+                if again and row["efficiency_key"] != k and row["status"] == "ok":
+                    store.remove_efficiency({k})    # stored under an older key format: the new row takes its place
     return counts
