@@ -15,8 +15,8 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
     what is stored is skipped). ``again``: instead, measure again every stored loopback row an older protocol
     measured differently (:func:`reusable`: censored at the horizon, or a band protocol 4 narrows with more seed
     pairs), or with fewer seed pairs than its mode needs (:func:`short_of_pairs`: extended, its seed-0 curve kept),
-    each with its stored strategy (a row stored under an older key format is replaced by the row of its current key), whatever
-    the seeded lists hold now (``per_group`` and ``seed`` do not apply). ``modes``: only the strategies of these sync
+    each with its stored strategy (a row stored under an older key format is replaced by the row of its current
+    key), whatever the seeded lists hold now (``per_group`` and ``seed`` do not apply). ``modes``: only the strategies of these sync
     modes (their own seeded lists). Returns counts of ok / failed / already stored."""
     import random
 

@@ -184,7 +184,6 @@ class Selective(LocalSGD):
     allows_zero = False
     bypasses_plans = True
     host_local_after_warmup = False     # its local steps average over islands of hosts (run_local)
-    min_pairs = 2
     fields = {"islands": Field(read=read_islands, unused=(), required=(
                   "required for mode selective: the hosts that average every step, as a list of host lists (e.g. "
                   "[[0, 1], [2]]); `autosync tune` chooses them from the per-path bandwidth")),
