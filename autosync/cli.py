@@ -194,7 +194,9 @@ def _cmd_efficiency(args) -> int:
                                   args.again, progress=lambda text: print(text, file=sys.stderr, flush=True),
                                   modes=args.modes)
     print(f"efficiency: {counts['ok']} measured, {counts['failed'] + counts['timeout']} failed, {counts['flat']} with "
-          f"a reference too flat to measure, {counts['stored']} already stored -> {root}")
+          f"a reference too flat to measure, {counts['stored']} already stored"
+          + (f", {counts['rekeyed']} stored under an older key format replaced by the current row"
+             if counts.get("rekeyed") else "") + f" -> {root}")
     return 0
 
 

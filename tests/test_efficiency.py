@@ -170,7 +170,8 @@ def test_collect_again_measures_the_censored_rows_again_and_nothing_else(tmp_pat
     censored = {**row, "protocol": 1, "efficiency": 0.0, "efficiency_raw": 0.0, "timestamp": 1.0}
     other = {**censored, "efficiency_key": row["efficiency_key"].replace(SMALL, "mlp"), "workload": "mlp"}
     store.replace_efficiency([censored, other])
-    assert collect(store, [SMALL], per_group=5) == {"ok": 0, "failed": 0, "timeout": 0, "flat": 0, "stored": 0}, \
+    assert collect(store, [SMALL], per_group=5) == {"ok": 0, "failed": 0, "timeout": 0, "flat": 0, "stored": 0,
+                                                    "rekeyed": 0}, \
         "without --again only the trials' lossy keys are measured (this store has no trials)"
     counts = collect(store, [SMALL], again=True)
     assert counts["ok"] == 1 and counts["stored"] == 0, counts
@@ -183,9 +184,12 @@ def test_collect_again_measures_the_censored_rows_again_and_nothing_else(tmp_pat
     # which then takes its place
     old_format = {**censored, "efficiency_key": row["efficiency_key"] + "|old-format", "timestamp": 2.0}
     store.replace_efficiency([old_format])
-    assert collect(store, [SMALL], again=True)["stored"] == 0
+    counts = collect(store, [SMALL], again=True)
+    # its current key is measured already: the old row goes, nothing is trained, and it is not counted as measured
+    assert (counts["stored"], counts["ok"], counts["rekeyed"]) == (0, 0, 1), counts
     rows = store.efficiency_rows()
     assert old_format["efficiency_key"] not in rows and rows[row["efficiency_key"]]["protocol"] == PROTOCOL
+    assert rows[row["efficiency_key"]]["timestamp"] == again["timestamp"], "the current row was measured again"
 
 
 def test_rows_of_an_older_protocol_are_reused_only_where_the_measurement_did_not_change():

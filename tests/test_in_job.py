@@ -13,7 +13,7 @@ from autosync.cluster import parse_cluster
 from autosync.datasets.store import DatasetStore
 from autosync.executor.emulate import EmulatedCluster, can_emulate
 from autosync.executor.launch import free_port
-from conftest import FEW_CANDIDATES
+from conftest import FEW_CANDIDATES, processes_under
 
 FAULTS = str(Path(__file__).resolve().parent / "fixtures" / "faulty.py")
 
@@ -46,10 +46,22 @@ def test_a_torchrun_job_across_emulated_hosts_tunes_in_job_and_stores_a_killed_t
             while time.monotonic() < deadline and any(p.poll() is None for p in procs):
                 time.sleep(0.5)
         finally:
+            # torchrun starts its workers in sessions of their own: killing its group leaves them running. Asked
+            # with SIGTERM, its agent stops them; what is left in the test's folder after that is killed.
             for p in procs:
                 if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
+            for pid in processes_under(tmp_path):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     tails = "\n".join(f"--- host {h} ---\n" + log.read_text()[-2500:] for h, log in enumerate(logs))
     assert [p.returncode for p in procs] == [0, 0], tails
     rows = DatasetStore(tmp_path / "d").read().sort_values("timestamp")

@@ -7,6 +7,7 @@ from autosync.efficiency import LOOPBACK, place, reusable, short_of_pairs
 from autosync.efficiency.meter import EfficiencyMeter
 from autosync.strategy import Strategy
 
+
 def collect(store, workloads: list[str] | None = None, worlds: list[int] | None = None, per_group: int = 10,
             seed: int = 0, timeout_s: float = 1800.0, progress=None, again: bool = False,
             modes: tuple[str, ...] | None = None) -> dict[str, int]:
@@ -16,14 +17,15 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
     measured differently (:func:`reusable`: censored at the horizon, or a band protocol 4 narrows with more seed
     pairs), or with fewer seed pairs than its mode needs (:func:`short_of_pairs`: extended, its seed-0 curve kept),
     each with its stored strategy (a row stored under an older key format is replaced by the row of its current
-    key), whatever the seeded lists hold now (``per_group`` and ``seed`` do not apply). ``modes``: only the strategies of these sync
-    modes (their own seeded lists). Returns counts of ok / failed / already stored."""
+    key), whatever the seeded lists hold now (``per_group`` and ``seed`` do not apply). ``modes``: only the
+    strategies of these sync modes (their own seeded lists). Returns counts of ok / failed / already stored, and
+    ``rekeyed``: rows of an older key format whose current key was already measured, removed with nothing trained."""
     import random
 
     stored = store.efficiency_rows()
     # a censored row is measured again; one of a mode that drifts, with fewer seed pairs than it needs, is extended
     measured = {k for k, row in stored.items() if reusable(row) and not short_of_pairs(row)}
-    counts = {"ok": 0, "failed": 0, "timeout": 0, "flat": 0, "stored": 0}
+    counts = {"ok": 0, "failed": 0, "timeout": 0, "flat": 0, "stored": 0, "rekeyed": 0}
     groups: dict[tuple, dict[str, str]] = {}
     if again:
         for k, r in stored.items():
@@ -56,10 +58,18 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
             continue
         with EfficiencyMeter(store, workload, batch, world, rph, timeout_s=timeout_s, progress=progress) as meter:
             for i, k in enumerate(todo):
+                strategy = Strategy.from_dict(json.loads(keys[k]))
+                if again and meter.key(strategy) != k and meter.key(strategy) in measured:
+                    # stored under an older key format, and its current key is measured: nothing to train
+                    store.remove_efficiency({k})
+                    counts["rekeyed"] += 1
+                    continue
                 if progress:
                     progress(f"{workload} b{batch} w{world}x{rph}: {i + 1}/{len(todo)}")
-                row = meter.measure(Strategy.from_dict(json.loads(keys[k])))
+                row = meter.measure(strategy)
                 counts[row["status"]] = counts.get(row["status"], 0) + 1
+                if row["status"] == "ok":
+                    measured.add(row["efficiency_key"])
                 if again and row["efficiency_key"] != k and row["status"] == "ok":
                     store.remove_efficiency({k})    # stored under an older key format: the new row takes its place
     return counts
