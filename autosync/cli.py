@@ -196,7 +196,7 @@ def _cmd_efficiency(args) -> int:
     print(f"efficiency: {counts['ok']} measured, {counts['failed'] + counts['timeout']} failed, {counts['flat']} with "
           f"a reference too flat to measure, {counts['stored']} already stored"
           + (f", {counts['rekeyed']} stored under an older key format replaced by the current row"
-             if counts.get("rekeyed") else "") + f" -> {root}")
+             if counts["rekeyed"] else "") + f" -> {root}")
     return 0
 
 

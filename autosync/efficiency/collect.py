@@ -59,7 +59,8 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
         with EfficiencyMeter(store, workload, batch, world, rph, timeout_s=timeout_s, progress=progress) as meter:
             for i, k in enumerate(todo):
                 strategy = Strategy.from_dict(json.loads(keys[k]))
-                if again and meter.key(strategy) != k and meter.key(strategy) in measured:
+                current = meter.key(strategy)
+                if again and current != k and current in measured:
                     # stored under an older key format, and its current key is measured: nothing to train
                     store.remove_efficiency({k})
                     counts["rekeyed"] += 1
@@ -69,7 +70,7 @@ def collect(store, workloads: list[str] | None = None, worlds: list[int] | None 
                 row = meter.measure(strategy)
                 counts[row["status"]] = counts.get(row["status"], 0) + 1
                 if row["status"] == "ok":
-                    measured.add(row["efficiency_key"])
-                if again and row["efficiency_key"] != k and row["status"] == "ok":
-                    store.remove_efficiency({k})    # stored under an older key format: the new row takes its place
+                    measured.add(current)
+                    if again and current != k:    # stored under an older key format: the new row replaces it
+                        store.remove_efficiency({k})
     return counts
