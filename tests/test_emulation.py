@@ -107,11 +107,19 @@ def test_powersgd_wins_at_100mbit_and_not_at_10gbit_and_the_bytes_sent_say_why()
 
 
 def test_a_slow_link_bounds_the_step_time():
-    # 6 timed steps, not 3: on a busy CI machine the median of 3 once read 0.42 s at 1 gbit against 0.56 s at 100 mbit
+    """A host behind a 100 mbit link holds every step to at least the time its ring all-reduce needs to send the
+    gradient over that link (two ranks send it once each way), whatever the compute costs; the mixed cluster steps
+    as slowly as the all-slow one, and clearly slower than the all-fast one. No fixed ratio of compute to
+    communication: CI machines differ in compute (one read 0.29 s at 1 gbit against 0.57 s mixed, a ratio of 1.98)."""
+    from autosync import workloads
+
+    model_bytes = sum(p.numel() * 4 for p in workloads.build("resnet-tiny")[0].parameters())
+    over_the_slow_link = model_bytes * 8 / 100e6
     fast = _step_time("2x1@1gbit", DEFAULT, "resnet-tiny", steps=6)
     mixed = _step_time("2x1@1gbit;node1=100mbit", DEFAULT, "resnet-tiny", steps=6)
     slow = _step_time("2x1@100mbit", DEFAULT, "resnet-tiny", steps=6)
-    assert mixed > 2 * fast, (fast, mixed, slow)
+    assert mixed >= 0.9 * over_the_slow_link, (fast, mixed, slow, over_the_slow_link)
+    assert mixed > 1.5 * fast, (fast, mixed, slow)
     assert abs(mixed / slow - 1) < 0.15, (fast, mixed, slow)
 
 
