@@ -8,6 +8,8 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -248,3 +250,45 @@ def finished_rows(work: Path, args) -> list[dict]:
     """The finished rows of ``args``' contexts (clusters, then workloads), from ``work``."""
     finished = load_rows(work)
     return [finished[(w, c)] for c in args.clusters for w in args.workloads if (w, c) in finished]
+
+
+class SearchClock:
+    """The search's time summed over the runs that took part in it: a run stopped in the search leaves its measured
+    trials in the study (and its efficiency rows), which the resumed search reuses, so its time belongs to the
+    search too. Each run adds its elapsed time to ``path`` every few seconds (a SIGTERM or a crash loses at most
+    those seconds)."""
+
+    def __init__(self, path, every_s: float = 5.0):
+        self.path, self.every_s = path, every_s
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        self.before_s, self.runs = float(saved.get("s", 0.0)), int(saved.get("runs", 0)) + 1
+        self._stop, self._end = threading.Event(), None
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+
+    def total_s(self) -> float:
+        """The earlier runs' time and this run's so far (up to its end, once it has ended)."""
+        return self.before_s + (self._end or time.monotonic()) - self.t0
+
+    def _save(self):
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps({"s": self.total_s(), "runs": self.runs}))
+        os.replace(tmp, self.path)
+
+    def _tick(self):
+        while not self._stop.wait(self.every_s):
+            self._save()
+
+    def __enter__(self):
+        self.t0 = time.monotonic()
+        self._save()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._end = time.monotonic()
+        self._save()

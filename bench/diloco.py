@@ -35,7 +35,6 @@ row says who measured it and when.
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 from autosync import workloads as W
@@ -50,7 +49,7 @@ from autosync.search.baselines import baselines
 from autosync.search.trials import TrialSettings, measure_strategy
 from autosync.strategy import Strategy
 from _results import (RESULTS, beats, card_words, check_inputs, Journal, finished_rows, load_rows, measured_by,
-                      run_contexts, say, show_done, speedup_bars, stamp, write as write_result)
+                      run_contexts, say, SearchClock, show_done, speedup_bars, stamp, write as write_result)
 
 WORKLOADS = ["gpt2-tiny", "llama-tiny", "t5-tiny", "lstm-lm", "resnet-tiny"]
 CLUSTERS = ["2x1@100mbit", "3x1@200mbit", "4x1@100mbit"]
@@ -111,6 +110,8 @@ def run_context(pool, cluster, spec, wl, args, data, work, settings, say, prior=
             found = journal.step("search tune m8", lambda: _tune(pool, profile, wl, args, data, work, ctx, say))
             arms["tune m8"] = Strategy.from_dict(found["strategy"])
             row["tune m8 search_s"], row["tune m8 source"] = found["search_s"], found["source"]
+            if found.get("search_note"):
+                row["tune m8 search_note"] = found["search_note"]
             row["held_out_card"] = ["tune m8"] if found.get("card") == "held out" else []
             if prior:
                 row["tune m8 measured_by"] = stamp()
@@ -154,15 +155,16 @@ def _tune(pool, profile, wl, args, data, work, ctx, say):
     scratch = work / "contexts" / safe_name(ctx)
     scratch.mkdir(parents=True, exist_ok=True)
     card = uncertainty.card_without(full, wl)       # before the clock: a user's tune reads a shipped card
-    t0 = time.monotonic()
-    with EfficiencyMeter(DatasetStore(work / "efficiency-tune"), wl, profile.model.batch_size,
+    clock = SearchClock(scratch / "search_clock.json")
+    with clock, EfficiencyMeter(DatasetStore(work / "efficiency-tune"), wl, profile.model.batch_size,
                          profile.cluster.world_size, profile.cluster.ranks_per_node,
                          also=[DatasetStore(work / "references")], progress=say) as meter:
         config = TuneConfig(measure=8, storage=f"sqlite:///{scratch}/tune.db", objective="time-to-loss")
         result = tune(profile, cost_model, config, DatasetStore(scratch / "trials"), pool, base, workload=wl,
                       efficiency_model=eff_model, meter=meter, on_progress=say, intervals_card=card)
-    return {"strategy": result.strategy.canonical(), "source": result.source, "search_s": time.monotonic() - t0,
-            "card": "held out"}
+    return {"strategy": result.strategy.canonical(), "source": result.source, "search_s": clock.total_s(),
+            "search_runs": clock.runs, "card": "held out"}
+
 
 
 def summary(arm: dict) -> tuple[float | None, float | None, int]:
@@ -207,7 +209,8 @@ def table(rows: list[dict]) -> list[str]:
         for a in arms:
             arm = r.get(a)
             mb = f", {arm['sent'] / 1e6:.2f} MB" if arm and arm.get("sent") else ""
-            search = f", search {r['tune m8 search_s']:.0f} s" if a == "tune m8" and r.get("tune m8 search_s") else ""
+            search = (f", search {r['tune m8 search_s']:.0f} s" + ("*" if r.get("tune m8 search_note") else "")
+                      if a == "tune m8" and r.get("tune m8 search_s") else "")
             cells.append(_fmt(arm, r["DDP default"]) + mb + search)
         lines.append(f"| {r['workload']} | {r['cluster']} | " + " | ".join(cells) + " |")
     done = [r for r in rows if "left_out" not in r]
@@ -245,6 +248,7 @@ def table(rows: list[dict]) -> list[str]:
                     + (f"; tune m8 added by {r['tune m8 measured_by']}" if r.get("tune m8 measured_by") else "")
                     + (f"; tune m8 picked `{r['tune m8 source']}`" if r.get("tune m8 source") else "")
                     + (f"; {card_words(r, ['tune m8'])}" if "tune m8" in r else "")
+                    + (f"; *search time: {r['tune m8 search_note']}" if r.get("tune m8 search_note") else "")
                     for r in done)]
     return lines
 

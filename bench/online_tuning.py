@@ -42,7 +42,6 @@ import argparse
 import functools
 import json
 import statistics
-import time
 from pathlib import Path
 
 from autosync import workloads as W
@@ -59,7 +58,7 @@ from autosync.search.tuner import tune
 from autosync.strategy import Strategy
 from _online import measure_auto_curve, predict_without
 from _results import (RESULTS, beats, card_words, check_inputs, commit, Journal, finished_rows, load_rows,
-                      run_contexts, say, show_done, stamp, speedup_bars, write as write_result)
+                      run_contexts, say, SearchClock, show_done, stamp, speedup_bars, write as write_result)
 from diloco import train_to
 from time_to_quality import lowo_models
 
@@ -173,25 +172,32 @@ def _tune(pool, cluster, wl, batch, arm, args, base, cost_model, eff_model, nois
     n = 0 if arm == "tune m0" else 8
     scratch = work / "contexts" / safe_name(ctx)
     scratch.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    profile = nominal_profile(cluster, wl, batch) if n == 0 else context_profile(
-        DatasetStore(scratch / "profiles"), pool, cluster, wl, batch, say)
-    # tune m0 (seconds, nothing to resume) searches a fresh study: TPE's proposals, and so its pick, must not depend
-    # on the trials an earlier run of this bench added; tune m8's study is kept, so that a search cut short resumes
-    study = scratch / f"{arm.replace(' ', '-')}.db"
+    # the search's time over every run that took part in it (tune m8's study is kept, so a stopped run's trials
+    # count toward the resumed search, and so does its time); tune m0 starts afresh
+    clock_path = scratch / f"{arm.replace(' ', '-')}.search_clock.json"
     if n == 0:
-        study.unlink(missing_ok=True)
-    config = TuneConfig(measure=n, storage=f"sqlite:///{study}", objective="time-to-loss")
-    with EfficiencyMeter(DatasetStore(work / "efficiency-tune"), wl, batch, cluster.world_size,
-                         cluster.ranks_per_node, also=[refs], progress=say) as meter:
-        if n:
-            meter.on_cluster(pool, cluster.spec())
-        result = tune(profile, cost_model, config, DatasetStore(scratch / f"trials-{arm.replace(' ', '-')}"),
-                      pool if n else None, base, workload=wl, efficiency_model=eff_model, noise_scale=noise,
-                      meter=meter if n else None, on_progress=say, intervals_card=card)
+        clock_path.unlink(missing_ok=True)
+    with SearchClock(clock_path) as clock:
+        profile = nominal_profile(cluster, wl, batch) if n == 0 else context_profile(
+            DatasetStore(scratch / "profiles"), pool, cluster, wl, batch, say)
+        # tune m0 (seconds, nothing to resume) searches a fresh study: TPE's proposals, and so its pick, must not
+        # depend on the trials an earlier run of this bench added; tune m8's study is kept, so that a search cut short
+        # resumes
+        study = scratch / f"{arm.replace(' ', '-')}.db"
+        if n == 0:
+            study.unlink(missing_ok=True)
+        config = TuneConfig(measure=n, storage=f"sqlite:///{study}", objective="time-to-loss")
+        with EfficiencyMeter(DatasetStore(work / "efficiency-tune"), wl, batch, cluster.world_size,
+                             cluster.ranks_per_node, also=[refs], progress=say) as meter:
+            if n:
+                meter.on_cluster(pool, cluster.spec())
+            result = tune(profile, cost_model, config, DatasetStore(scratch / f"trials-{arm.replace(' ', '-')}"),
+                          pool if n else None, base, workload=wl, efficiency_model=eff_model, noise_scale=noise,
+                          meter=meter if n else None, on_progress=say, intervals_card=card)
     return {"strategy": result.strategy.canonical(), "strategy_hash": result.strategy.hash,
             "pick": result.strategy.summary(),
-            "source": result.source, "lossy": not result.strategy.is_lossless, "search_s": time.monotonic() - t0}
+            "source": result.source, "lossy": not result.strategy.is_lossless, "search_s": clock.total_s(),
+            "search_runs": clock.runs}
 
 
 def e2e(arm: dict) -> tuple[float | None, float | None]:

@@ -1,4 +1,5 @@
-"""bench/_results.py's Journal: a stopped benchmark context resumes after its last finished step."""
+"""bench/_results.py's Journal and SearchClock: a stopped benchmark context resumes after its last finished step,
+and a search that took several runs is timed over all of them."""
 import json
 import math
 import sys
@@ -7,7 +8,7 @@ from pathlib import Path
 from autosync.strategy import Strategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from _results import Journal, commit  # noqa: E402
+from _results import Journal, SearchClock, commit  # noqa: E402
 
 
 def test_journal_keeps_finished_steps_and_resumes_after_them(tmp_path):
@@ -113,3 +114,22 @@ def test_the_readme_stays_a_users_guide_and_no_page_a_user_reads_names_a_session
              *(root / "autosync").rglob("*.md"), *(root / "bench").rglob("*.py"), *(root / "bench").rglob("*.md")]
     said = [f"{p.relative_to(root)}" for p in pages if re.search(r"session [0-9]", p.read_text(), re.I)]
     assert said == []
+
+
+def test_a_search_clock_sums_the_runs_that_took_part_in_the_search_a_stopped_one_included(tmp_path):
+    import time
+
+    path = tmp_path / "search_clock.json"
+    with SearchClock(path, every_s=0.05) as first:
+        deadline = time.monotonic() + 30
+        while json.loads(path.read_text())["s"] < 0.2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        saved = json.loads(path.read_text())        # saved while it runs: a SIGTERM here keeps it
+        assert 0.2 <= saved["s"] <= first.total_s() and saved["runs"] == 1
+    stopped = json.loads(path.read_text())["s"]
+    assert stopped >= saved["s"] and stopped == first.total_s()
+    with SearchClock(path, every_s=0.05) as second:  # the run that finishes the search
+        time.sleep(0.2)
+    assert second.runs == 2 and second.total_s() >= stopped + 0.2
+    assert json.loads(path.read_text()) == {"s": second.total_s(), "runs": 2}
+    assert not list(tmp_path.glob("*.tmp"))
