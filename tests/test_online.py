@@ -186,8 +186,10 @@ def test_a_host_that_slows_down_after_the_commit_opens_the_search_again_once_it_
     measured before), and the tuner commits again, every rank at the same steps. ``drift`` is 100% here, not the
     default 25%, so that a busy machine's noise (3 test workers on 2 cores) cannot open it before the slowdown.
     Broken variant: a drift check that never fires leaves one search only."""
+    # 140 steps, not 100: on a busy CI machine the search opened again at step 67 and its default windows ran to
+    # step 100 before the candidate's turn came (CI, 2026-12-07)
     with RankPool(2, ranks_per_host=1) as pool:
-        (_, trace0, windows, committed), (_, trace1, _, _) = pool.run(_train, CANDIDATES[:1], 100, True, False, 1.0,
+        (_, trace0, windows, committed), (_, trace1, _, _) = pool.run(_train, CANDIDATES[:1], 140, True, False, 1.0,
                                                                       40, 1.0)
     windows.pop()
     assert trace0 == trace1, "the ranks switched at different steps"
