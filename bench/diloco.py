@@ -157,14 +157,13 @@ def _tune(pool, profile, wl, args, data, work, ctx, say):
     card = uncertainty.card_without(full, wl)       # before the clock: a user's tune reads a shipped card
     clock = SearchClock(scratch / "search_clock.json")
     with clock, EfficiencyMeter(DatasetStore(work / "efficiency-tune"), wl, profile.model.batch_size,
-                         profile.cluster.world_size, profile.cluster.ranks_per_node,
-                         also=[DatasetStore(work / "references")], progress=say) as meter:
+                                profile.cluster.world_size, profile.cluster.ranks_per_node,
+                                also=[DatasetStore(work / "references")], progress=say) as meter:
         config = TuneConfig(measure=8, storage=f"sqlite:///{scratch}/tune.db", objective="time-to-loss")
         result = tune(profile, cost_model, config, DatasetStore(scratch / "trials"), pool, base, workload=wl,
                       efficiency_model=eff_model, meter=meter, on_progress=say, intervals_card=card)
     return {"strategy": result.strategy.canonical(), "source": result.source, "search_s": clock.total_s(),
             "search_runs": clock.runs, "card": "held out"}
-
 
 
 def summary(arm: dict) -> tuple[float | None, float | None, int]:

@@ -172,20 +172,17 @@ def _tune(pool, cluster, wl, batch, arm, args, base, cost_model, eff_model, nois
     n = 0 if arm == "tune m0" else 8
     scratch = work / "contexts" / safe_name(ctx)
     scratch.mkdir(parents=True, exist_ok=True)
-    # the search's time over every run that took part in it (tune m8's study is kept, so a stopped run's trials
-    # count toward the resumed search, and so does its time); tune m0 starts afresh
-    clock_path = scratch / f"{arm.replace(' ', '-')}.search_clock.json"
+    # tune m0 (seconds, nothing to resume) searches a fresh study: TPE's proposals, and so its pick, must not depend
+    # on the trials an earlier run of this bench added; tune m8's study is kept, so that a search cut short resumes,
+    # and its clock with it (a stopped run's time belongs to the search whose trials it measured)
+    study = scratch / f"{arm.replace(' ', '-')}.db"
+    clock_path = study.with_suffix(".search_clock.json")
     if n == 0:
+        study.unlink(missing_ok=True)
         clock_path.unlink(missing_ok=True)
     with SearchClock(clock_path) as clock:
         profile = nominal_profile(cluster, wl, batch) if n == 0 else context_profile(
             DatasetStore(scratch / "profiles"), pool, cluster, wl, batch, say)
-        # tune m0 (seconds, nothing to resume) searches a fresh study: TPE's proposals, and so its pick, must not
-        # depend on the trials an earlier run of this bench added; tune m8's study is kept, so that a search cut short
-        # resumes
-        study = scratch / f"{arm.replace(' ', '-')}.db"
-        if n == 0:
-            study.unlink(missing_ok=True)
         config = TuneConfig(measure=n, storage=f"sqlite:///{study}", objective="time-to-loss")
         with EfficiencyMeter(DatasetStore(work / "efficiency-tune"), wl, batch, cluster.world_size,
                              cluster.ranks_per_node, also=[refs], progress=say) as meter:

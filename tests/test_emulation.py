@@ -91,13 +91,18 @@ def _step_time(spec, strategy, workload="mlp", batch=32, steps=3):
     return _trial(spec, strategy, workload, batch, steps).step_s
 
 
+def _model_bytes(workload):
+    """The fp32 gradient's bytes: what the default's ring all-reduce of two ranks sends once per step."""
+    from autosync import workloads
+
+    return sum(p.numel() * 4 for p in workloads.build(workload)[0].parameters())
+
+
 def test_powersgd_wins_at_100mbit_and_not_at_10gbit_and_the_bytes_sent_say_why():
     """Also the bytes each rank sent per step, counted at the hosts' interfaces: the default's ring all-reduce of
     two ranks sends the model's gradient once (plus TCP/IP headers), PowerSGD rank 4 a few percent of it (after its
     first two steps, which are plain all-reduce: two warm-up steps here)."""
-    from autosync import workloads
-
-    model_bytes = sum(p.numel() * 4 for p in workloads.build("mlp")[0].parameters())
+    model_bytes = _model_bytes("mlp")
     slow_default, slow_psgd = _trial("2x1@100mbit", DEFAULT), _trial("2x1@100mbit", POWERSGD, warmup=2)
     fast_default, fast_psgd = _step_time("2x1@10gbit", DEFAULT), _step_time("2x1@10gbit", POWERSGD)
     assert slow_psgd.step_s < slow_default.step_s / 2, (slow_psgd.step_s, slow_default.step_s)
@@ -111,10 +116,7 @@ def test_a_slow_link_bounds_the_step_time():
     gradient over that link (two ranks send it once each way), whatever the compute costs; the mixed cluster steps
     as slowly as the all-slow one, and clearly slower than the all-fast one. No fixed ratio of compute to
     communication: CI machines differ in compute (one read 0.29 s at 1 gbit against 0.57 s mixed, a ratio of 1.98)."""
-    from autosync import workloads
-
-    model_bytes = sum(p.numel() * 4 for p in workloads.build("resnet-tiny")[0].parameters())
-    over_the_slow_link = model_bytes * 8 / 100e6
+    over_the_slow_link = _model_bytes("resnet-tiny") * 8 / 100e6
     fast = _step_time("2x1@1gbit", DEFAULT, "resnet-tiny", steps=6)
     mixed = _step_time("2x1@1gbit;node1=100mbit", DEFAULT, "resnet-tiny", steps=6)
     slow = _step_time("2x1@100mbit", DEFAULT, "resnet-tiny", steps=6)
